@@ -1,1 +1,81 @@
-"""gpupool.events."""
+"""Every fact gpupool records, as frozen msgspec Structs in one tagged union.
+
+Tags are explicit and stable (never derived from class names). Evolution follows
+msgspec's rules: new fields get defaults, a type never changes, unknown fields
+are ignored on decode. A breaking change bumps ``SCHEMA_VERSION`` and adds an
+upcaster in :mod:`gpupool.events.codec`.
+"""
+
+from gpupool.events.codec import (
+    SCHEMA_VERSION,
+    EventDecodeError,
+    UnknownSchemaVersion,
+    decode_envelope,
+    encode_envelope,
+    event_json_schema,
+)
+from gpupool.events.model import (
+    ALL_EVENT_TYPES,
+    NODELESS,
+    Assigned,
+    Envelope,
+    Event,
+    GpuInfo,
+    GpuInventoryReported,
+    InventorySource,
+    MessageRejected,
+    NodeConfigured,
+    NodeDisabled,
+    NodeRejected,
+    PodReady,
+    PodRef,
+    PodRegistered,
+    PodRejected,
+    PodRemoved,
+    Policy,
+    PreemptReason,
+    Preempted,
+    QosConfig,
+    Released,
+    ReleaseReason,
+    Share,
+    event_node,
+    event_pod,
+    event_tag,
+)
+
+__all__ = [
+    "ALL_EVENT_TYPES",
+    "NODELESS",
+    "SCHEMA_VERSION",
+    "Assigned",
+    "Envelope",
+    "Event",
+    "EventDecodeError",
+    "GpuInfo",
+    "GpuInventoryReported",
+    "InventorySource",
+    "MessageRejected",
+    "NodeConfigured",
+    "NodeDisabled",
+    "NodeRejected",
+    "PodReady",
+    "PodRef",
+    "PodRegistered",
+    "PodRejected",
+    "PodRemoved",
+    "Policy",
+    "PreemptReason",
+    "Preempted",
+    "QosConfig",
+    "ReleaseReason",
+    "Released",
+    "Share",
+    "UnknownSchemaVersion",
+    "decode_envelope",
+    "encode_envelope",
+    "event_json_schema",
+    "event_node",
+    "event_pod",
+    "event_tag",
+]

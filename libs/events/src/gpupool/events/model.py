@@ -1,0 +1,240 @@
+"""The event types and the value types they carry."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+Policy = Literal["share-pool", "static"]
+"""The GPU-share model of a node or pod (``none`` disables a node: see NodeDisabled)."""
+
+ReleaseReason = Literal["completed", "preempted", "out-of-memory", "failed", "cancelled"]
+PreemptReason = Literal["priority", "max-duration"]
+InventorySource = Literal["nvml", "simulated"]
+
+NODELESS = ""
+"""The ``node`` of an event that belongs to no node (a message rejected before it was read)."""
+
+
+class PodRef(msgspec.Struct, frozen=True, kw_only=True, order=True):
+    """A pod, by namespace and name."""
+
+    namespace: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Share(msgspec.Struct, frozen=True, kw_only=True):
+    """Percentages of one GPU: ``alibabacloud.com/gpu-core.percentage`` and ``gpu-memory.percentage``."""
+
+    core: int
+    memory: int
+
+
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU of a node, as the node-executor discovered it (index and UUID are the node's real ones)."""
+
+    index: int
+    uuid: str
+    memory_mib: int
+    name: str = ""
+
+
+class QosConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The node's ``alibabacloud.com/gpu-share-qos-config`` annotation, validated.
+
+    The first three fields come from the source document; the others are ours
+    (SPEC.md section 8) and default to the documented behaviour.
+    """
+
+    preempt_enabled: bool = False
+    pod_max_duration_minutes: int | None = None
+    reserved_ephemeral_storage: str | None = None
+    backfill: bool = False
+    preempt_grace_seconds: int = 10
+    waiting_message_period_seconds: int = 10
+
+
+# --------------------------------------------------------------------------- node facts
+
+
+class NodeConfigured(msgspec.Struct, frozen=True, kw_only=True, tag="NodeConfigured"):
+    """The policy service enabled (or re-configured) a node for GPU sharing."""
+
+    node: str
+    policy: Policy
+    qos: QosConfig = QosConfig()
+
+
+class NodeDisabled(msgspec.Struct, frozen=True, kw_only=True, tag="NodeDisabled"):
+    """The node's policy became ``none`` (or its label was removed)."""
+
+    node: str
+
+
+class NodeRejected(msgspec.Struct, frozen=True, kw_only=True, tag="NodeRejected"):
+    """A node configuration was refused; ``reason`` is machine-readable, ``message`` for people."""
+
+    node: str
+    reason: str
+    message: str
+
+
+class GpuInventoryReported(msgspec.Struct, frozen=True, kw_only=True, tag="GpuInventoryReported"):
+    """The node-executor's view of the node's GPUs; ``source`` says whether they are real."""
+
+    node: str
+    gpus: tuple[GpuInfo, ...]
+    source: InventorySource
+
+
+# --------------------------------------------------------------------------- pod facts
+
+
+class PodRegistered(msgspec.Struct, frozen=True, kw_only=True, tag="PodRegistered"):
+    """A valid GPU-sharing pod was admitted to its node; it starts dormant."""
+
+    pod: PodRef
+    node: str
+    policy: Policy
+    requests: Share
+    limits: Share
+    priority: int = 0
+    uid: str = ""
+
+
+class PodRejected(msgspec.Struct, frozen=True, kw_only=True, tag="PodRejected"):
+    """A pod spec, or a request made for a pod, was refused."""
+
+    pod: PodRef
+    node: str
+    reason: str
+    message: str
+
+
+class PodReady(msgspec.Struct, frozen=True, kw_only=True, tag="PodReady"):
+    """The pod tried to use a GPU: it joins the node's ready queue."""
+
+    pod: PodRef
+    node: str
+
+
+class Assigned(msgspec.Struct, frozen=True, kw_only=True, tag="Assigned"):
+    """The pod was given a slot on one GPU: it is running."""
+
+    pod: PodRef
+    node: str
+    gpu_index: int
+    gpu_uuid: str
+
+
+class Preempted(msgspec.Struct, frozen=True, kw_only=True, tag="Preempted"):
+    """The victim must give up its GPU so that the preemptor can run.
+
+    The victim keeps its slot until the node-executor records its Released(preempted).
+    """
+
+    victim: PodRef
+    preemptor: PodRef
+    node: str
+    gpu_index: int
+    gpu_uuid: str
+    reason: PreemptReason
+
+
+class Released(msgspec.Struct, frozen=True, kw_only=True, tag="Released"):
+    """The pod left its GPU (or, with ``gpu_index`` None, left the ready queue) and is dormant."""
+
+    pod: PodRef
+    node: str
+    reason: ReleaseReason
+    gpu_index: int | None = None
+    gpu_uuid: str = ""
+    exit_code: int | None = None
+
+
+class PodRemoved(msgspec.Struct, frozen=True, kw_only=True, tag="PodRemoved"):
+    """The pod was deleted: it leaves the queue and its GPU slot, if any."""
+
+    pod: PodRef
+    node: str
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+class MessageRejected(msgspec.Struct, frozen=True, kw_only=True, tag="MessageRejected"):
+    """A message on an event subject that could not be read; set aside with the reason."""
+
+    subject: str
+    reason: str
+    payload: str
+    node: str = NODELESS
+
+
+Event = (
+    NodeConfigured
+    | NodeDisabled
+    | NodeRejected
+    | GpuInventoryReported
+    | PodRegistered
+    | PodRejected
+    | PodReady
+    | Assigned
+    | Preempted
+    | Released
+    | PodRemoved
+    | MessageRejected
+)
+
+ALL_EVENT_TYPES: tuple[type[Event], ...] = (
+    NodeConfigured,
+    NodeDisabled,
+    NodeRejected,
+    GpuInventoryReported,
+    PodRegistered,
+    PodRejected,
+    PodReady,
+    Assigned,
+    Preempted,
+    Released,
+    PodRemoved,
+    MessageRejected,
+)
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the log: the event and where it came from."""
+
+    id: str
+    time: datetime
+    event: Event
+    correlation_id: str = ""
+    causation_id: str = ""
+    schema: int = 2
+
+
+def event_tag(event: Event) -> str:
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def event_node(event: Event) -> str:
+    return event.node
+
+
+def event_pod(event: Event) -> PodRef | None:
+    """The pod an event is about (the victim, for Preempted)."""
+    if isinstance(event, Preempted):
+        return event.victim
+    pod = getattr(event, "pod", None)
+    return pod if isinstance(pod, PodRef) else None
