@@ -1,0 +1,181 @@
+"""The client side: connect, hand over the request and our stdio, relay what the executor says.
+
+``gpupool run --pod NAME [--namespace NS] [--requeue] [--socket PATH] -- CMD...`` is
+:func:`run_main`; the CLI only has to call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
+
+import msgspec
+
+from gpupool.events import PodRef
+from gpupool.workload.fd_passing import send_with_fds
+from gpupool.workload.messages import (
+    EXIT_EXECUTOR_UNAVAILABLE,
+    EXIT_REJECTED,
+    ConsoleReporter,
+    exit_code_for,
+)
+from gpupool.workload.protocol import (
+    ExecutorMessage,
+    Exited,
+    ProtocolError,
+    Rejected,
+    RunRequest,
+    decode_executor_message,
+    encode_line,
+)
+
+DEFAULT_SOCKET_PATH = "/run/gpupool/workload.sock"
+SOCKET_PATH_VARIABLE = "GPUPOOL_SOCKET"
+"""Overrides the default socket path; ``--socket`` overrides both."""
+
+StdioFds = tuple[int, int, int]
+
+
+class ExecutorUnavailable(ConnectionError):
+    """There is no executor at the socket, or it went away before its last word."""
+
+
+async def run_workload(
+    socket_path: str | os.PathLike[str],
+    request: RunRequest,
+    *,
+    on_message: Callable[[ExecutorMessage], None],
+    fds: StdioFds = (0, 1, 2),
+) -> int:
+    """Ask the executor at ``socket_path`` to run ``request`` with our ``fds`` as its stdio.
+
+    Calls ``on_message`` for every message, then returns the exit code for ``gpupool run``
+    (see :mod:`gpupool.workload.messages`). Raises :class:`ExecutorUnavailable` when the
+    executor cannot be reached or hangs up early, :class:`ProtocolError` when it talks nonsense.
+    Cancelling this coroutine closes the connection, which the executor takes as "cancel".
+    """
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, os.fspath(socket_path))
+        await send_with_fds(sock, encode_line(request), fds)
+    except OSError as error:
+        sock.close()
+        raise ExecutorUnavailable(
+            f"cannot reach the node-executor at {socket_path}: {error}"
+        ) from error
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    try:
+        while True:
+            try:
+                line = await reader.readline()
+            except (ConnectionError, ValueError) as error:
+                raise ExecutorUnavailable(f"lost the node-executor: {error}") from error
+            if not line.endswith(b"\n"):
+                raise ExecutorUnavailable("the node-executor hung up before the command ended")
+            message = decode_executor_message(line)
+            on_message(message)
+            if isinstance(message, Exited | Rejected):
+                return exit_code_for(message)
+    finally:
+        writer.close()
+
+
+class RunInvocation(msgspec.Struct, frozen=True, kw_only=True):
+    """``gpupool run``'s command line, parsed."""
+
+    pod: PodRef
+    argv: list[str]
+    requeue: bool
+    socket_path: str
+
+
+class UsageError(ValueError):
+    pass
+
+
+RUN_USAGE = (
+    "usage: gpupool run --pod NAME [--namespace NS] [--requeue] [--socket PATH] -- CMD [ARG...]"
+)
+
+
+def parse_run_arguments(args: Sequence[str], environ: Mapping[str, str]) -> RunInvocation:
+    """Options, then ``--``, then the command. ``--pod`` and ``--namespace`` fall back to the
+    Downward API variables ``POD_NAME`` and ``POD_NAMESPACE`` (then ``default``)."""
+    values: dict[str, str] = {}
+    requeue = False
+    rest = list(args)
+    while rest:
+        word = rest.pop(0)
+        if word == "--":
+            break
+        if word == "--requeue":
+            requeue = True
+            continue
+        name, equals, value = word.partition("=")
+        if name not in ("--pod", "--namespace", "--socket"):
+            if not word.startswith("-"):
+                rest.insert(0, word)
+                break
+            raise UsageError(f"unknown option {word!r}")
+        if not equals:
+            if not rest:
+                raise UsageError(f"{name} needs a value")
+            value = rest.pop(0)
+        values[name] = value
+    pod_name = values.get("--pod") or environ.get("POD_NAME", "")
+    if not pod_name:
+        raise UsageError("--pod NAME is required")
+    if not rest:
+        raise UsageError("no command given after --")
+    return RunInvocation(
+        pod=PodRef(
+            namespace=values.get("--namespace") or environ.get("POD_NAMESPACE") or "default",
+            name=pod_name,
+        ),
+        argv=rest,
+        requeue=requeue,
+        socket_path=values.get("--socket")
+        or environ.get(SOCKET_PATH_VARIABLE)
+        or DEFAULT_SOCKET_PATH,
+    )
+
+
+def run_main(
+    args: Sequence[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    fds: StdioFds = (0, 1, 2),
+) -> int:
+    """``gpupool run``: returns the exit code (the command's own, or one of messages.EXIT_*)."""
+    environ = os.environ if environ is None else environ
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        invocation = parse_run_arguments(args, environ)
+    except UsageError as error:
+        err.write(f"gpupool run: {error}\n{RUN_USAGE}\n")
+        return EXIT_REJECTED
+    request = RunRequest(
+        pod=invocation.pod,
+        argv=invocation.argv,
+        cwd=os.getcwd(),
+        env=dict(environ),
+        requeue=invocation.requeue,
+    )
+    try:
+        return asyncio.run(
+            run_workload(
+                invocation.socket_path, request, on_message=ConsoleReporter(out, err), fds=fds
+            )
+        )
+    except (ExecutorUnavailable, ProtocolError) as error:
+        err.write(f"gpupool run: {error}\n")
+        return EXIT_EXECUTOR_UNAVAILABLE
