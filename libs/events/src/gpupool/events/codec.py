@@ -94,6 +94,6 @@ def event_json_schema() -> dict[str, Any]:
 def decode_event(data: bytes) -> Event:
     """Decode a bare event (no envelope), as the golden samples are written."""
     try:
-        return msgspec.json.decode(data, type=Event)  # type: ignore[arg-type]
+        return msgspec.json.decode(data, type=Event)
     except msgspec.DecodeError as exc:
         raise EventDecodeError(str(exc)) from exc

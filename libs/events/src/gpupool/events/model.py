@@ -72,6 +72,8 @@ class NodeConfigured(msgspec.Struct, frozen=True, kw_only=True, tag="NodeConfigu
     node: str
     policy: Policy
     qos: QosConfig = QosConfig()
+    gpu_count: int = 0
+    """GPUs the node advertises (``nvidia.com/gpu``); allocatable until the inventory is reported."""
 
 
 class NodeDisabled(msgspec.Struct, frozen=True, kw_only=True, tag="NodeDisabled"):

@@ -1,0 +1,106 @@
+"""evolve(state, envelope): fold one logged fact into the state. No decisions here."""
+
+from __future__ import annotations
+
+from gpupool.core.state import PodState, State
+from gpupool.events import (
+    Assigned,
+    Envelope,
+    GpuInventoryReported,
+    MessageRejected,
+    NodeConfigured,
+    NodeDisabled,
+    NodeRejected,
+    PodReady,
+    PodRegistered,
+    PodRejected,
+    PodRemoved,
+    Preempted,
+    Released,
+)
+
+
+def evolve(state: State, envelope: Envelope) -> State:
+    """Apply one event; unknown pods/nodes in an event are ignored (the deciders never emit them)."""
+    event = envelope.event
+    match event:
+        case NodeConfigured():
+            node = state.node(event.node)
+            node.policy = event.policy
+            node.qos = event.qos
+            node.gpu_count = event.gpu_count
+            node.rejection = None
+        case NodeDisabled():
+            node = state.node(event.node)
+            node.policy = None
+            node.rejection = None
+        case NodeRejected():
+            state.node(event.node).rejection = (event.reason, event.message)
+        case GpuInventoryReported():
+            node = state.node(event.node)
+            node.gpus = event.gpus
+            node.inventory_source = event.source
+        case PodRegistered():
+            state.pods[event.pod] = PodState(
+                ref=event.pod,
+                node=event.node,
+                policy=event.policy,
+                requests=event.requests,
+                limits=event.limits,
+                priority=event.priority,
+                uid=event.uid,
+                registered_at=envelope.time,
+            )
+            state.node(event.node).pods[event.pod] = None
+        case PodReady():
+            pod = state.pods.get(event.pod)
+            if pod is not None:
+                node = state.node(pod.node)
+                node.ready_counter += 1
+                pod.phase = "ready"
+                pod.ready_since = envelope.time
+                pod.ready_order = node.ready_counter
+        case Assigned():
+            pod = state.pods.get(event.pod)
+            if pod is not None:
+                pod.phase = "running"
+                pod.gpu_index = event.gpu_index
+                pod.gpu_uuid = event.gpu_uuid
+                pod.running_since = envelope.time
+                pod.ready_since = None
+        case Preempted():
+            pod = state.pods.get(event.victim)
+            if pod is not None:
+                pod.evicted_by = event.preemptor
+                pod.evict_reason = event.reason
+        case Released():
+            pod = state.pods.get(event.pod)
+            if pod is not None:
+                _to_dormant(pod)
+        case PodRemoved():
+            pod = state.pods.pop(event.pod, None)
+            if pod is not None:
+                state.node(pod.node).pods.pop(event.pod, None)
+        case MessageRejected():
+            state.rejected_messages += 1
+        case PodRejected():
+            pass
+    return state
+
+
+def _to_dormant(pod: PodState) -> None:
+    pod.phase = "dormant"
+    pod.gpu_index = None
+    pod.gpu_uuid = ""
+    pod.running_since = None
+    pod.ready_since = None
+    pod.evicted_by = None
+    pod.evict_reason = None
+
+
+def fold(envelopes: list[Envelope], state: State | None = None) -> State:
+    """Fold a whole log from scratch (or onto ``state``)."""
+    folded = state if state is not None else State()
+    for envelope in envelopes:
+        evolve(folded, envelope)
+    return folded

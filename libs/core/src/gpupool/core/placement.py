@@ -1,0 +1,133 @@
+"""The share-pool placement rule, the ready-queue order and positions (SPEC.md sections 2 and 8).
+
+Each rule lives here, in one named function:
+
+* ``fits``: a pod may run on a GPU only if, for compute and memory alike, the sum
+  of the limits of the pods running there plus its own is at most 100.
+* ``queue_order_key``: higher priority first, then the time the pod became ready
+  (FIFO; ``ready_order`` breaks ties deterministically).
+* ``choose_gpu``: among the GPUs a pod fits, the fullest one (best fit, keeps
+  whole GPUs free for pods with large limits), then the lowest index.
+* ``reservation_gpu``: with backfill, the GPU the head will get: the one that
+  needs the least to be freed for it (a GPU with a preemption under way for the
+  head wins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from gpupool.core.state import GPU_PERCENT, NodeState, PodState, State
+from gpupool.events import PodRef, Share
+
+STATUS_DORMANT = 0
+STATUS_READY = 1
+STATUS_RUNNING = 2
+"""``DCGM_FI_POOLING_STATUS`` values (SPEC.md section 8)."""
+
+WAITING_MESSAGE = "You have been waiting for {seconds} seconds. Approximate position: {position}"
+
+
+def waiting_message(seconds: int, position: int) -> str:
+    """The exact text a waiting pod prints (source document, byte for byte)."""
+    return WAITING_MESSAGE.format(seconds=seconds, position=position)
+
+
+def pooling_status(pod: PodState) -> int:
+    return {"dormant": STATUS_DORMANT, "ready": STATUS_READY, "running": STATUS_RUNNING}[pod.phase]
+
+
+def queue_order_key(pod: PodState) -> tuple[int, int]:
+    return (-pod.priority, pod.ready_order)
+
+
+def ready_queue(state: State, node: str) -> list[PodState]:
+    """The node's ready queue, head first."""
+    waiting = [pod for pod in state.pods_on(node) if pod.phase == "ready"]
+    waiting.sort(key=queue_order_key)
+    return waiting
+
+
+def queue_positions(state: State, node: str) -> dict[PodRef, int]:
+    """1-based positions of the waiting pods (1 = head)."""
+    return {pod.ref: index for index, pod in enumerate(ready_queue(state, node), start=1)}
+
+
+def pooling_position(positions: Mapping[PodRef, int], pod: PodRef) -> int:
+    """``DCGM_FI_POOLING_POSITION``: the queue position, 0 for a pod that is not waiting."""
+    return positions.get(pod, 0)
+
+
+GpuUsage = dict[int, Share]
+"""Sum of the limits of the pods holding a slot on each GPU index."""
+
+
+def gpu_usage(node: NodeState, pods: Iterable[PodState]) -> GpuUsage:
+    usage: GpuUsage = {gpu.index: Share(core=0, memory=0) for gpu in node.gpus}
+    for pod in pods:
+        if pod.phase == "running" and pod.gpu_index is not None and pod.policy == "share-pool":
+            held = usage.get(pod.gpu_index, Share(core=0, memory=0))
+            usage[pod.gpu_index] = add(held, pod.limits)
+    return usage
+
+
+def static_usage(node: NodeState, pods: Iterable[PodState]) -> GpuUsage:
+    """Static pods are bound by their requests (SPEC.md section 8, static model)."""
+    usage: GpuUsage = {gpu.index: Share(core=0, memory=0) for gpu in node.gpus}
+    for pod in pods:
+        if pod.policy == "static" and pod.gpu_index is not None:
+            held = usage.get(pod.gpu_index, Share(core=0, memory=0))
+            usage[pod.gpu_index] = add(held, pod.requests)
+    return usage
+
+
+def add(a: Share, b: Share) -> Share:
+    return Share(core=a.core + b.core, memory=a.memory + b.memory)
+
+
+def subtract(a: Share, b: Share) -> Share:
+    return Share(core=a.core - b.core, memory=a.memory - b.memory)
+
+
+def fits(used: Share, want: Share) -> bool:
+    return used.core + want.core <= GPU_PERCENT and used.memory + want.memory <= GPU_PERCENT
+
+
+def choose_gpu(usage: GpuUsage, want: Share, *, exclude: int | None = None) -> int | None:
+    """Best fit: the fullest GPU the pod fits on, lowest index on ties."""
+    best: tuple[int, int] | None = None
+    for index in sorted(usage):
+        if index == exclude or not fits(usage[index], want):
+            continue
+        fullness = usage[index].core + usage[index].memory
+        if best is None or fullness > best[0]:
+            best = (fullness, index)
+    return None if best is None else best[1]
+
+
+def reservation_gpu(usage: GpuUsage, head: PodState, pods: Iterable[PodState]) -> int | None:
+    """The GPU held for the head while later pods backfill (SPEC.md section 8, backfill)."""
+    pending = [
+        pod.gpu_index
+        for pod in pods
+        if pod.evicted_by == head.ref and pod.gpu_index is not None and pod.phase == "running"
+    ]
+    if pending:
+        return pending[0]
+    best: tuple[int, int] | None = None
+    for index in sorted(usage):
+        used = usage[index]
+        short = max(0, used.core + head.limits.core - GPU_PERCENT) + max(
+            0, used.memory + head.limits.memory - GPU_PERCENT
+        )
+        if best is None or short < best[0]:
+            best = (short, index)
+    return None if best is None else best[1]
+
+
+def allocated_requests(pods: Iterable[PodState]) -> Share:
+    """Sum of the requests of the pods registered on a node (admission by requests)."""
+    total = Share(core=0, memory=0)
+    for pod in pods:
+        total = add(total, pod.requests)
+    return total

@@ -1,0 +1,323 @@
+"""Run a scenario through the same decide/evolve core with a simulated clock.
+
+The simulator stands in for the services: it sends each command the real
+service would send, folds every event, and plays the node-executor's part (a
+Preempted victim releases at once; a pod with ``runs_for`` completes that many
+seconds after it is assigned). Output is the event log, deterministic byte for
+byte: ids come from a counter and times from the simulated clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+import msgspec
+
+from gpupool.core.decide import (
+    Command,
+    ConfigureNode,
+    PlanPreemption,
+    RegisterPod,
+    RemovePod,
+    ReportInventory,
+    ReportRelease,
+    RequestGpu,
+    Schedule,
+    decide,
+)
+from gpupool.core.evolve import evolve
+from gpupool.core.preemption import next_preemption_check
+from gpupool.core.state import State
+from gpupool.core.validation import (
+    COMPUTE_CLASS_LABEL,
+    CORE_RESOURCE,
+    MEMORY_RESOURCE,
+    POLICY_LABEL,
+    ContainerResources,
+    PodManifest,
+)
+from gpupool.events import (
+    Assigned,
+    Envelope,
+    Event,
+    GpuInfo,
+    PodRef,
+    Preempted,
+    Released,
+    ReleaseReason,
+    event_node,
+)
+
+DEFAULT_START = datetime(2025, 1, 1, tzinfo=UTC)
+ActionKind = Literal["ready", "complete", "fail", "oom", "cancel", "delete", "set-policy"]
+
+
+class ScenarioNode(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    gpus: int
+    gpu_memory_mib: int = 81920
+    policy: str = "share-pool"
+    qos: str | None = None
+    """The ``alibabacloud.com/gpu-share-qos-config`` annotation, as JSON text."""
+    exclusive_gpu_pods: list[str] = []
+
+
+class ScenarioShare(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    core: int | str | None = None
+    memory: int | str | None = None
+
+
+class ScenarioPod(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    node: str
+    namespace: str = "default"
+    requests: ScenarioShare = ScenarioShare()
+    limits: ScenarioShare | None = None
+    priority: int = 0
+    policy: str = "share-pool"
+    compute_class: str = "gpu-hpn"
+    requeue: bool = False
+    """After being preempted, become ready again at once (``gpupool run --requeue``)."""
+
+
+class ScenarioAction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    at: float
+    """Seconds since the scenario start."""
+    action: ActionKind
+    pod: str | None = None
+    namespace: str = "default"
+    node: str | None = None
+    policy: str | None = None
+    qos: str | None = None
+    runs_for: float | None = None
+    """With ``ready``: the task completes this many seconds after the pod is assigned."""
+    exit_code: int | None = None
+
+
+class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    nodes: list[ScenarioNode]
+    pods: list[ScenarioPod] = []
+    timeline: list[ScenarioAction] = []
+    start: datetime = DEFAULT_START
+    description: str = ""
+
+
+class ScenarioError(ValueError):
+    """The scenario refers to something it does not define (the message names it)."""
+
+
+class _PreemptionCheck(msgspec.Struct, frozen=True):
+    node: str
+
+
+class _Completion(msgspec.Struct, frozen=True):
+    """A ``runs_for`` task ending; ``token`` ties it to the assignment that started it."""
+
+    pod: PodRef
+    node: str
+    token: int
+
+
+_Timer = ScenarioAction | _PreemptionCheck | _Completion
+
+
+def _manifest(pod: ScenarioPod) -> PodManifest:
+    requests: dict[str, str | int] = {}
+    limits: dict[str, str | int] = {}
+    for table, share in ((requests, pod.requests), (limits, pod.limits)):
+        if share is None:
+            continue
+        if share.core is not None:
+            table[CORE_RESOURCE] = share.core
+        if share.memory is not None:
+            table[MEMORY_RESOURCE] = share.memory
+    return PodManifest(
+        namespace=pod.namespace,
+        name=pod.name,
+        node=pod.node,
+        uid=f"uid-{pod.namespace}-{pod.name}",
+        labels={COMPUTE_CLASS_LABEL: pod.compute_class, POLICY_LABEL: pod.policy},
+        priority=pod.priority,
+        containers=(ContainerResources(name="main", requests=requests, limits=limits),),
+    )
+
+
+class Simulator:
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.state = State()
+        self.log: list[Envelope] = []
+        self._timers: list[tuple[datetime, int, _Timer]] = []
+        self._timer_seq = 0
+        self._runs_for: dict[PodRef, float] = {}
+        self._completion_due: dict[PodRef, int] = {}
+        self._requeue = {
+            PodRef(namespace=p.namespace, name=p.name) for p in scenario.pods if p.requeue
+        }
+        self._correlation = "setup"
+
+    # -- the log
+    def _emit(self, events: list[Event], now: datetime) -> list[Event]:
+        cause = self.log[-1].id if self.log else ""
+        for event in events:
+            envelope = Envelope(
+                id=f"sim-{len(self.log) + 1:08d}",
+                time=now,
+                event=event,
+                correlation_id=self._correlation,
+                causation_id=cause,
+            )
+            evolve(self.state, envelope)
+            self.log.append(envelope)
+            cause = envelope.id
+        return events
+
+    def _run(self, command: Command, now: datetime) -> list[Event]:
+        return self._emit(decide(self.state, command, now), now)
+
+    def _timer(self, at: datetime, timer: _Timer) -> None:
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (at, self._timer_seq, timer))
+
+    # -- the services' reactions to a node's events
+    def _settle(self, node: str, now: datetime) -> None:
+        while True:
+            assigned = self._run(Schedule(node=node), now)
+            for event in assigned:
+                if isinstance(event, Assigned) and event.pod in self._runs_for:
+                    self._completion_due[event.pod] = len(self.log)
+                    self._timer(
+                        now + timedelta(seconds=self._runs_for[event.pod]),
+                        _Completion(pod=event.pod, node=node, token=len(self.log)),
+                    )
+            preempted = self._run(PlanPreemption(node=node), now)
+            for event in preempted:
+                if isinstance(event, Preempted):
+                    released = self._run(
+                        ReportRelease(pod=event.victim, node=node, reason="preempted"), now
+                    )
+                    if event.victim in self._requeue and any(
+                        isinstance(r, Released) for r in released
+                    ):
+                        self._run(RequestGpu(pod=event.victim, node=node), now)
+            if not assigned and not preempted:
+                break
+        check = next_preemption_check(self.state, node, now)
+        if check is not None:
+            self._timer(check, _PreemptionCheck(node=node))
+
+    # -- the scenario
+    def run(self) -> list[Envelope]:
+        start = self.scenario.start
+        for node in self.scenario.nodes:
+            gpus = tuple(
+                GpuInfo(
+                    index=i,
+                    uuid=f"GPU-SIMULATED-{node.name}-{i}",
+                    memory_mib=node.gpu_memory_mib,
+                    name="simulated",
+                )
+                for i in range(node.gpus)
+            )
+            self._run(ReportInventory(node=node.name, gpus=gpus, source="simulated"), start)
+            self._run(
+                ConfigureNode(
+                    node=node.name,
+                    policy_label=node.policy,
+                    qos_annotation=node.qos,
+                    gpu_count=node.gpus,
+                    exclusive_gpu_pods=tuple(node.exclusive_gpu_pods),
+                ),
+                start,
+            )
+        known_nodes = {node.name for node in self.scenario.nodes}
+        for pod in self.scenario.pods:
+            if pod.node not in known_nodes:
+                raise ScenarioError(f"pod {pod.name!r}: node {pod.node!r} is not in nodes")
+            self._run(RegisterPod(manifest=_manifest(pod)), start)
+        for index, action in enumerate(self.scenario.timeline):
+            self._timer(start + timedelta(seconds=action.at), action)
+            if action.pod is not None and not any(
+                p.name == action.pod and p.namespace == action.namespace for p in self.scenario.pods
+            ):
+                raise ScenarioError(
+                    f"timeline[{index}]: pod {action.namespace}/{action.pod} is not in pods"
+                )
+        index = 0
+        while self._timers:
+            now, _, timer = heapq.heappop(self._timers)
+            index += 1
+            self._correlation = f"step-{index}"
+            match timer:
+                case ScenarioAction():
+                    self._act(timer, now)
+                case _PreemptionCheck():
+                    self._settle(timer.node, now)
+                case _Completion():
+                    if self._completion_due.get(timer.pod) == timer.token:
+                        self._release(timer.pod, timer.node, "completed", 0, now)
+                        self._settle(timer.node, now)
+        return self.log
+
+    def _act(self, action: ScenarioAction, now: datetime) -> None:
+        if action.action == "set-policy":
+            self._set_policy(action, now)
+            return
+        if action.pod is None:
+            raise ScenarioError(f"action {action.action!r} at {action.at}s needs a pod")
+        ref = PodRef(namespace=action.namespace, name=action.pod)
+        pod_node = next(
+            p.node
+            for p in self.scenario.pods
+            if p.name == ref.name and p.namespace == ref.namespace
+        )
+        events: list[Event]
+        match action.action:
+            case "ready":
+                if action.runs_for is not None:
+                    self._runs_for[ref] = action.runs_for
+                events = self._run(RequestGpu(pod=ref, node=pod_node), now)
+            case "complete":
+                events = self._release(ref, pod_node, "completed", action.exit_code or 0, now)
+            case "fail":
+                events = self._release(ref, pod_node, "failed", action.exit_code or 1, now)
+            case "oom":
+                events = self._release(ref, pod_node, "out-of-memory", action.exit_code or 137, now)
+            case "cancel":
+                events = self._release(ref, pod_node, "cancelled", None, now)
+            case "delete":
+                events = self._run(RemovePod(pod=ref, node=pod_node), now)
+            case "set-policy":
+                events = []
+        for node in sorted({event_node(e) for e in events} | {pod_node}):
+            self._settle(node, now)
+
+    def _release(
+        self, ref: PodRef, node: str, reason: ReleaseReason, exit_code: int | None, now: datetime
+    ) -> list[Event]:
+        self._completion_due.pop(ref, None)
+        self._runs_for.pop(ref, None)
+        return self._run(ReportRelease(pod=ref, node=node, reason=reason, exit_code=exit_code), now)
+
+    def _set_policy(self, action: ScenarioAction, now: datetime) -> None:
+        if action.node is None:
+            raise ScenarioError("set-policy needs a node")
+        node = next((n for n in self.scenario.nodes if n.name == action.node), None)
+        if node is None:
+            raise ScenarioError(f"set-policy: node {action.node!r} is not in nodes")
+        self._run(
+            ConfigureNode(
+                node=action.node,
+                policy_label=action.policy,
+                qos_annotation=action.qos if action.qos is not None else node.qos,
+                gpu_count=node.gpus,
+            ),
+            now,
+        )
+        self._settle(action.node, now)
+
+
+def simulate(scenario: Scenario) -> list[Envelope]:
+    return Simulator(scenario).run()

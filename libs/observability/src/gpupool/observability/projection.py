@@ -1,0 +1,56 @@
+"""The projection every service, metric and audit command reads: the core State folded from the log.
+
+It remembers the last stream sequence it applied (overall and per node), so that a
+restart resumes, an entry seen twice (redelivery, catch-up replay) is applied once,
+and a decider can append with the node's sequence as its optimistic-concurrency
+expectation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpupool.core import State, evolve
+from gpupool.events import Envelope, event_node
+
+Observer = Callable[[State, Envelope, int], None]
+"""Called before an envelope is folded: (state before, envelope, stream sequence)."""
+
+
+@dataclass
+class Projection:
+    state: State = field(default_factory=State)
+    last_seq: int = 0
+    node_seq: dict[str, int] = field(default_factory=dict)
+    undecodable: int = 0
+    observers: list[Observer] = field(default_factory=list)
+
+    def apply(self, seq: int, envelope: Envelope) -> bool:
+        """Fold one logged envelope; False if its sequence was already applied."""
+        if seq <= self.last_seq:
+            return False
+        for observer in self.observers:
+            observer(self.state, envelope, seq)
+        evolve(self.state, envelope)
+        self.last_seq = seq
+        self.node_seq[event_node(envelope.event)] = seq
+        return True
+
+    def skip(self, seq: int, node: str | None) -> bool:
+        """Account for an entry that could not be decoded (it still occupies its sequence).
+
+        ``node`` is the node its subject names, if any: the entry counts as that
+        node's last write for optimistic concurrency, as it does in the log.
+        """
+        if seq <= self.last_seq:
+            return False
+        self.last_seq = seq
+        self.undecodable += 1
+        if node is not None:
+            self.node_seq[node] = seq
+        return True
+
+    def expected_node_seq(self, node: str) -> int:
+        """The sequence a decider expects to be the node's last when it appends (0: none yet)."""
+        return self.node_seq.get(node, 0)
