@@ -1,0 +1,273 @@
+"""ProcessSupervisor against real processes: process groups, sessions, signals, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupool.events import PodRef
+from gpupool.node_executor.processes import (
+    ProcessSupervisor,
+    Workload,
+    WorkloadStartFailed,
+    group_members,
+    shell_exit_code,
+)
+
+pytestmark = pytest.mark.integration
+
+POD = PodRef(namespace="default", name="demo")
+READY_TIMEOUT = 10.0
+
+
+class Pipe:
+    """The workload's stdout, read by the test line by line."""
+
+    def __init__(self, reader: asyncio.StreamReader, write_fd: int) -> None:
+        self.reader = reader
+        self.write_fd = write_fd
+
+    async def line(self) -> str:
+        async with asyncio.timeout(READY_TIMEOUT):
+            return (await self.reader.readline()).decode().rstrip("\n")
+
+
+@pytest.fixture
+async def stdout_pipe() -> AsyncIterator[Pipe]:
+    read_fd, write_fd = os.pipe()
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
+    )
+    pipe = Pipe(reader, write_fd)
+    yield pipe
+    transport.close()
+    if pipe.write_fd >= 0:
+        os.close(pipe.write_fd)
+
+
+@pytest.fixture
+def devnull() -> Iterator[int]:
+    fd = os.open(os.devnull, os.O_RDONLY)
+    yield fd
+    os.close(fd)
+
+
+async def start_python(
+    supervisor: ProcessSupervisor, code: str, pipe: Pipe, devnull: int, **env: str
+) -> Workload:
+    workload = await supervisor.start(
+        POD,
+        [sys.executable, "-c", code],
+        {"PATH": os.environ["PATH"], **env},
+        str(Path.cwd()),
+        (devnull, pipe.write_fd, pipe.write_fd),
+    )
+    # The child holds its own copy; close ours so EOF means "every writer is gone".
+    os.close(pipe.write_fd)
+    pipe.write_fd = -1
+    return workload
+
+
+def alive(pid: int) -> bool:
+    """Present and not a zombie (an orphan's zombie is reaped by init, not by us)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+STUBBORN_WITH_GRANDCHILD = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = os.fork()
+if child == 0:
+    while True:
+        signal.pause()
+print("ready", os.getpid(), child, flush=True)
+while True:
+    signal.pause()
+"""
+
+
+async def test_sigterm_ignoring_workload_and_its_grandchild_are_killed(
+    stdout_pipe: Pipe, devnull: int
+) -> None:
+    supervisor = ProcessSupervisor()
+    workload = await start_python(supervisor, STUBBORN_WITH_GRANDCHILD, stdout_pipe, devnull)
+    _, leader, grandchild = (await stdout_pipe.line()).split()
+    assert int(leader) == workload.pid
+    assert group_members(int(leader)) == sorted([int(leader), int(grandchild)])
+
+    termination = await supervisor.terminate(workload, grace_seconds=0.3)
+
+    assert termination.ended_by == "SIGKILL"
+    assert termination.exit_code == 128 + signal.SIGKILL
+    assert termination.confirmed
+    assert not alive(int(leader))
+    assert not alive(int(grandchild))
+    assert group_members(int(leader)) == []
+
+
+async def test_workload_that_obeys_sigterm_needs_no_sigkill(
+    stdout_pipe: Pipe, devnull: int
+) -> None:
+    supervisor = ProcessSupervisor()
+    code = "import os, signal; print('ready', flush=True); signal.pause()"
+    workload = await start_python(supervisor, code, stdout_pipe, devnull)
+    assert await stdout_pipe.line() == "ready"
+
+    termination = await supervisor.terminate(workload, grace_seconds=30)
+
+    assert termination.ended_by == "SIGTERM"
+    assert termination.exit_code == 128 + signal.SIGTERM
+
+
+ESCAPES_TO_OWN_GROUP = """
+import os, signal
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)   # its own process group, still in the workload's session
+    while True:
+        signal.pause()
+os.setpgid(child, child)   # both sides, as shells do, so the answer below is settled
+print("ready", child, os.getpgid(child), flush=True)
+while True:
+    signal.pause()
+"""
+
+
+async def test_child_in_another_process_group_of_the_session_is_killed_too(
+    stdout_pipe: Pipe, devnull: int
+) -> None:
+    supervisor = ProcessSupervisor()
+    workload = await start_python(supervisor, ESCAPES_TO_OWN_GROUP, stdout_pipe, devnull)
+    _, child, child_group = (await stdout_pipe.line()).split()
+    assert child_group == child  # it really left the workload's process group
+
+    termination = await supervisor.terminate(workload, grace_seconds=0.2)
+
+    assert termination.confirmed
+    assert not alive(int(child))
+
+
+async def test_leftover_background_process_is_ended_after_the_leader_exits(
+    stdout_pipe: Pipe, devnull: int
+) -> None:
+    supervisor = ProcessSupervisor()
+    code = (
+        "import os, signal\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    signal.pause()\n"
+        "print('ready', child, flush=True)\n"
+    )
+    workload = await start_python(supervisor, code, stdout_pipe, devnull)
+    _, child = (await stdout_pipe.line()).split()
+    assert await supervisor.wait(workload) == 0
+    assert alive(int(child))
+
+    termination = await supervisor.terminate(workload, grace_seconds=10)
+
+    assert termination.ended_by == "SIGTERM"
+    assert termination.exit_code == 0  # the leader's own
+    assert not alive(int(child))
+
+
+async def test_terminating_a_finished_workload_reports_it_exited(
+    stdout_pipe: Pipe, devnull: int
+) -> None:
+    supervisor = ProcessSupervisor()
+    workload = await start_python(supervisor, "raise SystemExit(4)", stdout_pipe, devnull)
+    assert await supervisor.wait(workload) == 4
+
+    termination = await supervisor.terminate(workload, grace_seconds=10)
+
+    assert termination.ended_by == "exited"
+    assert termination.exit_code == 4
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        pytest.param("pass", 0, id="success"),
+        pytest.param("raise SystemExit(3)", 3, id="exit-3"),
+        pytest.param("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137, id="sigkill"),
+        pytest.param("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", 139, id="sigsegv"),
+    ],
+)
+async def test_exit_codes_in_shell_form(
+    stdout_pipe: Pipe, devnull: int, code: str, expected: int
+) -> None:
+    supervisor = ProcessSupervisor()
+    workload = await start_python(supervisor, code, stdout_pipe, devnull)
+    assert await supervisor.wait(workload) == expected
+
+
+async def test_workload_gets_exactly_its_env_cwd_and_stdio(
+    stdout_pipe: Pipe, devnull: int, tmp_path: Path
+) -> None:
+    supervisor = ProcessSupervisor()
+    code = (
+        "import os, sys\n"
+        "print(os.getcwd(), os.environ.get('GPUPOOL_POD'), 'HOME' in os.environ, flush=True)\n"
+        "print('to-stderr', file=sys.stderr, flush=True)\n"
+        "print(os.getpgid(0) == os.getpid() == os.getsid(0), flush=True)\n"
+    )
+    workload = await supervisor.start(
+        POD,
+        [sys.executable, "-c", code],
+        {"GPUPOOL_POD": "default/demo"},
+        str(tmp_path),
+        (devnull, stdout_pipe.write_fd, stdout_pipe.write_fd),
+    )
+    os.close(stdout_pipe.write_fd)
+    stdout_pipe.write_fd = -1
+    assert await stdout_pipe.line() == f"{tmp_path} default/demo False"
+    assert await stdout_pipe.line() == "to-stderr"
+    assert await stdout_pipe.line() == "True"  # leads its own session and process group
+    assert await supervisor.wait(workload) == 0
+
+
+async def test_argv_is_not_given_to_a_shell(stdout_pipe: Pipe, devnull: int) -> None:
+    supervisor = ProcessSupervisor()
+    code = "import sys; print(sys.argv[1:], flush=True)"
+    workload = await supervisor.start(
+        POD,
+        [sys.executable, "-c", code, "$HOME", "a b", ";", "echo hi"],
+        {},
+        "/",
+        (devnull, stdout_pipe.write_fd, stdout_pipe.write_fd),
+    )
+    os.close(stdout_pipe.write_fd)
+    stdout_pipe.write_fd = -1
+    assert await stdout_pipe.line() == "['$HOME', 'a b', ';', 'echo hi']"
+    assert await supervisor.wait(workload) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(["/nonexistent/gpupool-test-command"], 127, id="not-found"),
+        pytest.param(["/etc/hostname"], 126, id="not-executable"),
+        pytest.param([], 126, id="empty"),
+    ],
+)
+async def test_commands_that_cannot_start(devnull: int, argv: list[str], expected: int) -> None:
+    with pytest.raises(WorkloadStartFailed) as failure:
+        await ProcessSupervisor().start(POD, argv, {}, "/", (devnull, devnull, devnull))
+    assert failure.value.exit_code == expected
+
+
+@pytest.mark.parametrize(("returncode", "expected"), [(0, 0), (1, 1), (-9, 137), (-15, 143)])
+def test_shell_exit_code(returncode: int, expected: int) -> None:
+    assert shell_exit_code(returncode) == expected
