@@ -1,1 +1,63 @@
-"""gpupool.eventlog."""
+"""gpupool.eventlog: the append-only event log of gpupool, in memory or on NATS JetStream.
+
+One stream (``GPUPOOL``) holds every envelope on ``gpupool.log.<node>.<tag>``;
+see docs/eventlog.md. Services depend on the :class:`EventLog` port only.
+"""
+
+from gpupool.eventlog.jetstream import (
+    ACK_WAIT_S,
+    DEFAULT_STREAM,
+    DUPLICATE_WINDOW_S,
+    MAX_DELIVER,
+    JetStreamDelivery,
+    JetStreamEventLog,
+    JetStreamSubscription,
+)
+from gpupool.eventlog.memory import InMemoryEventLog, MemoryDelivery, MemorySubscription
+from gpupool.eventlog.port import (
+    ConcurrencyConflict,
+    Delivery,
+    Entry,
+    EventLog,
+    EventLogClosed,
+    StoredEvent,
+    Subscription,
+    Undecodable,
+    read_entry,
+    rejection_envelope,
+    rejection_id,
+)
+from gpupool.eventlog.subjects import (
+    DEFAULT_SUBJECT_PREFIX,
+    node_subject_filter,
+    node_token,
+    subject_for,
+)
+
+__all__ = [
+    "ACK_WAIT_S",
+    "DEFAULT_STREAM",
+    "DEFAULT_SUBJECT_PREFIX",
+    "DUPLICATE_WINDOW_S",
+    "MAX_DELIVER",
+    "ConcurrencyConflict",
+    "Delivery",
+    "Entry",
+    "EventLog",
+    "EventLogClosed",
+    "InMemoryEventLog",
+    "JetStreamDelivery",
+    "JetStreamEventLog",
+    "JetStreamSubscription",
+    "MemoryDelivery",
+    "MemorySubscription",
+    "StoredEvent",
+    "Subscription",
+    "Undecodable",
+    "node_subject_filter",
+    "node_token",
+    "read_entry",
+    "rejection_envelope",
+    "rejection_id",
+    "subject_for",
+]

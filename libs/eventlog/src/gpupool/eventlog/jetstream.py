@@ -1,0 +1,567 @@
+"""The event log on NATS JetStream: one file-backed stream, append-only, kept forever.
+
+Everything JetStream-specific lives here; docs/eventlog.md explains the choices.
+
+* Append: a JetStream publish with ``Nats-Msg-Id`` (dedupe within
+  :data:`DUPLICATE_WINDOW_S`) and, for optimistic concurrency,
+  ``Nats-Expected-Last-Subject-Sequence`` with
+  ``Nats-Expected-Last-Subject-Sequence-Subject: <prefix>.<node>.>`` (nats-server
+  >= 2.11). Timeouts and missing responders (reconnects, leader changes) are
+  retried; the msg id makes that safe.
+* Replay: an ordered push consumer (ephemeral, flow controlled) feeding a bounded
+  queue, stopped at the last matching sequence seen when the replay started.
+* Subscribe: a durable pull consumer with explicit acks, fetched in batches by a
+  small pull loop of our own (one outstanding request, idle heartbeats to notice a
+  lost request after a reconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+from nats.js import api
+
+from gpupool.eventlog.port import (
+    ConcurrencyConflict,
+    Delivery,
+    Entry,
+    EventLogClosed,
+    check_one_node,
+    read_entry,
+)
+from gpupool.eventlog.subjects import (
+    DEFAULT_SUBJECT_PREFIX,
+    node_subject_filter,
+    subject_for,
+    subject_matches,
+)
+from gpupool.events import Envelope, encode_envelope, event_node
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STREAM = "GPUPOOL"
+
+DUPLICATE_WINDOW_S = 120.0
+"""Appends of an envelope id already appended this long ago are answered with the original seq."""
+
+ACK_WAIT_S = 30.0
+"""A delivery not acknowledged within this time goes to the durable's next fetch again."""
+
+MAX_DELIVER = -1
+"""Unlimited redeliveries: a log consumer must never silently skip an event.
+
+Unreadable entries come out as ``Undecodable`` (services ack them and record a
+MessageRejected), so the only entries delivered again and again are those whose
+handler keeps failing, which should stop the service loudly, not lose the event.
+"""
+
+PULL_BATCH = 128
+PULL_EXPIRES_S = 30.0
+PULL_HEARTBEAT_S = 5.0
+REPLAY_BUFFER = 4096
+REQUEST_TIMEOUT_S = 5.0
+APPEND_RETRY_FOR_S = 30.0
+CONFLICT_SCAN_LIMIT = 64
+"""On a conflict, how many of the node's newer entries are searched for the envelope's own id."""
+
+ERR_WRONG_LAST_SEQUENCE = 10071
+ERR_STREAM_NAME_IN_USE = 10058
+
+H_MSG_ID = "Nats-Msg-Id"
+H_EXPECTED_STREAM = "Nats-Expected-Stream"
+H_EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+
+_RETRYABLE = (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)
+_LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
+
+
+class JetStreamEventLog:
+    """An :class:`~gpupool.eventlog.port.EventLog` on one JetStream stream."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        stream: str,
+        subject_prefix: str,
+        ack_wait: float,
+    ) -> None:
+        self._nc = nc
+        self._js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+        self.stream = stream
+        self.subject_prefix = subject_prefix
+        self.ack_wait = ack_wait
+        self._closed = False
+        self._subscriptions: set[JetStreamSubscription] = set()
+        self._replay_buffers: set[asyncio.Queue[Msg | None]] = set()
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        stream: str = DEFAULT_STREAM,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+        ack_wait: float = ACK_WAIT_S,
+        connect_timeout: float = 10.0,
+        name: str = "gpupool",
+    ) -> JetStreamEventLog:
+        """Connect (retrying for up to ``connect_timeout``) and create the stream if needed."""
+        nc = await _connect(url, name=name, wait_for_server=connect_timeout)
+        log = cls(nc, stream=stream, subject_prefix=subject_prefix, ack_wait=ack_wait)
+        try:
+            await log._ensure_stream()
+        except BaseException:
+            await nc.close()
+            raise
+        return log
+
+    async def _ensure_stream(self) -> None:
+        subjects = f"{self.subject_prefix}.>"
+        config = api.StreamConfig(
+            name=self.stream,
+            description="gpupool: the append-only event log",
+            subjects=[subjects],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            discard=api.DiscardPolicy.OLD,
+            max_msgs=-1,
+            max_bytes=-1,
+            max_age=0,
+            duplicate_window=DUPLICATE_WINDOW_S,
+            num_replicas=1,
+        )
+        try:
+            await self._js.add_stream(config)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != ERR_STREAM_NAME_IN_USE:
+                raise
+            # Created elsewhere (deploy/ may define it with replicas): use it if it holds our subjects.
+            info = await self._js.stream_info(self.stream)
+            if subjects not in (info.config.subjects or []):
+                raise ValueError(
+                    f"stream {self.stream} exists but does not hold {subjects}: "
+                    f"{info.config.subjects}"
+                ) from exc
+            logger.info("stream %s exists with another configuration; using it", self.stream)
+
+    # ------------------------------------------------------------------ writing
+
+    async def append(self, envelope: Envelope, *, expected_node_seq: int | None = None) -> int:
+        self._check_open()
+        node = event_node(envelope.event)
+        headers = {H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream}
+        node_filter = node_subject_filter(node, prefix=self.subject_prefix)
+        if expected_node_seq is not None:
+            headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_node_seq)
+            headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = node_filter
+        subject = subject_for(envelope.event, prefix=self.subject_prefix)
+        try:
+            ack = await self._publish(subject, encode_envelope(envelope), headers)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != ERR_WRONG_LAST_SEQUENCE or expected_node_seq is None:
+                raise
+            # The server checks expectations before duplicates: a retry of an append
+            # that did land, or a second append of the same envelope, looks like a
+            # conflict. Find our own id among the node's newer entries first.
+            own = await self._find_by_id(node_filter, after=expected_node_seq, msg_id=envelope.id)
+            if own is not None:
+                return own
+            match = _LAST_SEQUENCE.search(exc.description or "")
+            actual = int(match.group(1)) if match else None
+            raise ConcurrencyConflict(
+                node=node, expected=expected_node_seq, actual=actual
+            ) from None
+        return ack.seq
+
+    async def append_many(
+        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+    ) -> list[int]:
+        """Without an expectation, pipelined (publish_async); with one, chained one by one."""
+        self._check_open()
+        if expected_node_seq is None:
+            return await self._append_pipelined(envelopes)
+        check_one_node(envelopes)
+        seqs: list[int] = []
+        expected = expected_node_seq
+        for envelope in envelopes:
+            try:
+                expected = await self.append(envelope, expected_node_seq=expected)
+            except ConcurrencyConflict as conflict:
+                conflict.appended = tuple(seqs)
+                raise
+            seqs.append(expected)
+        return seqs
+
+    async def _append_pipelined(self, envelopes: Sequence[Envelope]) -> list[int]:
+        pending: list[asyncio.Future[api.PubAck] | None] = []
+        for envelope in envelopes:
+            headers = {H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream}
+            try:
+                future = await self._js.publish_async(
+                    subject_for(envelope.event, prefix=self.subject_prefix),
+                    encode_envelope(envelope),
+                    wait_stall=REQUEST_TIMEOUT_S,
+                    headers=headers,
+                )
+            except nats.js.errors.TooManyStalledMsgsError:
+                future = None  # no acks coming back: append it (and the rest) one by one below
+            pending.append(future)
+        waiting = {future for future in pending if future is not None}
+        if waiting:
+            _, late = await asyncio.wait(waiting, timeout=REQUEST_TIMEOUT_S)
+            for future in late:
+                future.cancel()
+        seqs: list[int] = []
+        for envelope, future in zip(envelopes, pending, strict=True):
+            if future is not None and future.done() and not future.cancelled():
+                error = future.exception()
+                if error is None:
+                    seqs.append(future.result().seq)
+                    continue
+                if not isinstance(error, _RETRYABLE):
+                    raise error
+            # Lost or timed out: appending again is safe, the msg id dedupes it.
+            seqs.append(await self.append(envelope))
+        return seqs
+
+    async def append_raw(self, subject: str, data: bytes) -> int:
+        self._check_open()
+        if not subject_matches(subject, f"{self.subject_prefix}.>") or "*" in subject:
+            raise ValueError(f"{subject!r} is not a subject of this log ({self.subject_prefix}.>)")
+        ack = await self._publish(subject, data, {H_EXPECTED_STREAM: self.stream})
+        return ack.seq
+
+    async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> api.PubAck:
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + APPEND_RETRY_FOR_S
+        delay = 0.05
+        while True:
+            try:
+                return await self._js.publish(subject, data, headers=dict(headers))
+            except _RETRYABLE as exc:
+                if self._closed or self._nc.is_closed or loop.time() + delay > give_up_at:
+                    raise
+                logger.warning("append to %s: %r; retrying in %.2fs", subject, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _find_by_id(self, node_filter: str, *, after: int, msg_id: str) -> int | None:
+        seq = after + 1
+        for _ in range(CONFLICT_SCAN_LIMIT):
+            try:
+                msg = await self._js.get_msg(self.stream, seq=seq, subject=node_filter, next=True)
+            except nats.js.errors.NotFoundError:
+                return None
+            if msg.seq is None:
+                return None
+            if msg.headers and msg.headers.get(H_MSG_ID) == msg_id:
+                return msg.seq
+            seq = msg.seq + 1
+        return None
+
+    # ------------------------------------------------------------------ reading
+
+    async def last_seq(self) -> int:
+        self._check_open()
+        info = await self._js.stream_info(self.stream)
+        return info.state.last_seq
+
+    async def _last_seq_matching(self, node: str | None) -> int:
+        if node is None:
+            return await self.last_seq()
+        try:
+            msg = await self._js.get_last_msg(
+                self.stream, node_subject_filter(node, prefix=self.subject_prefix)
+            )
+        except nats.js.errors.NotFoundError:
+            return 0
+        return msg.seq or 0
+
+    async def replay(self, *, node: str | None = None, from_seq: int = 1) -> AsyncIterator[Entry]:
+        self._check_open()
+        start = max(from_seq, 1)
+        end = await self._last_seq_matching(node)
+        if end < start:
+            return
+        subject_filter = node_subject_filter(node, prefix=self.subject_prefix)
+        buffer: asyncio.Queue[Msg | None] = asyncio.Queue(maxsize=REPLAY_BUFFER)
+
+        async def on_msg(msg: Msg) -> None:
+            await buffer.put(msg)
+
+        self._replay_buffers.add(buffer)
+        subscription = await self._js.subscribe(
+            subject_filter,
+            stream=self.stream,
+            cb=on_msg,
+            ordered_consumer=True,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
+            ),
+        )
+        last = start - 1
+        try:
+            while True:
+                msg = await buffer.get()
+                if msg is None:
+                    raise EventLogClosed(f"event log {self.stream} closed during a replay")
+                seq = _stream_seq(msg)
+                if seq <= last:
+                    continue  # an ordered-consumer reset may deliver a message twice
+                if seq > end:
+                    return
+                last = seq
+                yield read_entry(seq, msg.subject, msg.data)
+                if seq >= end:
+                    return
+        finally:
+            self._replay_buffers.discard(buffer)
+            if not self._nc.is_closed:
+                await _quietly(subscription.unsubscribe(), "replay unsubscribe")
+
+    def subscribe(self, *, durable: str, node: str | None = None) -> JetStreamSubscription:
+        self._check_open()
+        return JetStreamSubscription(
+            self, durable, node_subject_filter(node, prefix=self.subject_prefix)
+        )
+
+    async def _ensure_consumer(self, durable: str, subject_filter: str) -> None:
+        try:
+            info = await self._js.consumer_info(self.stream, durable)
+        except nats.js.errors.NotFoundError:
+            pass
+        else:
+            if info.config.filter_subject != subject_filter:
+                raise ValueError(
+                    f"durable {durable!r} exists with filter {info.config.filter_subject!r}, "
+                    f"not {subject_filter!r}"
+                )
+            return
+        await self._js.add_consumer(
+            self.stream,
+            api.ConsumerConfig(
+                name=durable,
+                durable_name=durable,
+                description="gpupool event-log subscriber",
+                filter_subject=subject_filter,
+                deliver_policy=api.DeliverPolicy.ALL,
+                ack_policy=api.AckPolicy.EXPLICIT,
+                ack_wait=self.ack_wait,
+                max_deliver=MAX_DELIVER,
+                replay_policy=api.ReplayPolicy.INSTANT,
+            ),
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for subscription in list(self._subscriptions):
+            await subscription.aclose()
+        for buffer in self._replay_buffers:
+            while not buffer.empty():
+                buffer.get_nowait()
+            buffer.put_nowait(None)
+        if self._nc.is_closed:
+            return
+        try:
+            await asyncio.wait_for(self._nc.drain(), timeout=REQUEST_TIMEOUT_S)
+        except (TimeoutError, nats.errors.Error) as exc:
+            logger.warning("draining the NATS connection: %r; closing it", exc)
+            await self._nc.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EventLogClosed(f"event log {self.stream} is closed")
+
+
+class JetStreamDelivery:
+    __slots__ = ("_done", "_entry", "_msg", "_subscription")
+
+    def __init__(self, subscription: JetStreamSubscription, msg: Msg, entry: Entry) -> None:
+        self._subscription = subscription
+        self._msg = msg
+        self._entry = entry
+        self._done = False
+
+    @property
+    def entry(self) -> Entry:
+        return self._entry
+
+    async def ack(self) -> None:
+        if not self._done:
+            self._done = True
+            self._subscription._unacked.pop(self._msg.reply, None)
+            await self._msg.ack()
+
+    async def nak(self) -> None:
+        if not self._done:
+            self._done = True
+            self._subscription._unacked.pop(self._msg.reply, None)
+            await self._msg.nak()
+
+
+class JetStreamSubscription:
+    """One subscriber of a durable pull consumer.
+
+    The consumer is created (idempotently) on the first ``__anext__``. Closing the
+    subscription naks what it holds unacknowledged, so the next subscriber of the
+    durable gets those entries at once instead of after the ack wait.
+    """
+
+    def __init__(self, log: JetStreamEventLog, durable: str, subject_filter: str) -> None:
+        self._log = log
+        self.durable = durable
+        self.subject_filter = subject_filter
+        self._inbox: asyncio.Queue[Msg | None] = asyncio.Queue()
+        self._inbox_subject = ""
+        self._nats_subscription: NatsSubscription | None = None
+        self._requested = 0
+        self._unacked: dict[str, JetStreamDelivery] = {}
+        self._closed = False
+
+    def __aiter__(self) -> JetStreamSubscription:
+        return self
+
+    async def __aenter__(self) -> JetStreamSubscription:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _start(self) -> None:
+        await self._log._ensure_consumer(self.durable, self.subject_filter)
+        self._inbox_subject = self._log._nc.new_inbox()
+        self._nats_subscription = await self._log._nc.subscribe(
+            self._inbox_subject, cb=self._on_msg
+        )
+        self._log._subscriptions.add(self)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        self._inbox.put_nowait(msg)
+
+    async def _pull(self) -> None:
+        request = {
+            "batch": PULL_BATCH,
+            "expires": int(PULL_EXPIRES_S * 1e9),
+            "idle_heartbeat": int(PULL_HEARTBEAT_S * 1e9),
+        }
+        await self._log._nc.publish(
+            f"{api.DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self._log.stream}.{self.durable}",
+            json.dumps(request).encode(),
+            reply=self._inbox_subject,
+        )
+        self._requested = PULL_BATCH
+
+    async def __anext__(self) -> Delivery:
+        if self._closed:
+            raise StopAsyncIteration
+        self._log._check_open()
+        if self._nats_subscription is None:
+            await self._start()
+        while True:
+            if self._requested <= 0:
+                await self._pull()
+            try:
+                msg = await asyncio.wait_for(self._inbox.get(), timeout=2 * PULL_HEARTBEAT_S + 1)
+            except TimeoutError:
+                # Not even a heartbeat: the pull request was lost (reconnect). Ask again.
+                self._requested = 0
+                continue
+            if msg is None:
+                if self._log._closed:
+                    raise EventLogClosed(f"event log {self._log.stream} is closed")
+                raise StopAsyncIteration
+            status = msg.headers.get("Status") if msg.headers else None
+            if status is None and msg.reply:
+                self._requested -= 1
+                delivery = JetStreamDelivery(
+                    self, msg, read_entry(_stream_seq(msg), msg.subject, msg.data)
+                )
+                self._unacked[msg.reply] = delivery
+                return delivery
+            if status == "100":
+                continue  # idle heartbeat
+            if status in ("404", "408"):
+                self._requested = 0  # request ended (expired); pull again
+                continue
+            description = msg.headers.get("Description", "") if msg.headers else ""
+            if status == "409" and "Consumer Deleted" in description:
+                raise EventLogClosed(f"durable {self.durable!r} was deleted")
+            logger.warning("durable %s: pull status %s %s", self.durable, status, description)
+            self._requested = 0
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._log._subscriptions.discard(self)
+        if self._nats_subscription is not None and not self._log._nc.is_closed:
+            await _quietly(self._nats_subscription.unsubscribe(), "subscriber unsubscribe")
+        for delivery in list(self._unacked.values()):
+            await _quietly(delivery.nak(), "nak on close")
+        while not self._inbox.empty():
+            msg = self._inbox.get_nowait()
+            if msg is not None and msg.reply and not (msg.headers and "Status" in msg.headers):
+                await _quietly(msg.nak(), "nak on close")
+        self._inbox.put_nowait(None)
+        if not self._log._nc.is_closed:
+            await _quietly(self._log._nc.flush(timeout=2), "flush on close")
+
+
+def _stream_seq(msg: Msg) -> int:
+    """The stream sequence from a JetStream reply subject (``$JS.ACK.…``), v1 or v2 layout."""
+    tokens = msg.reply.split(".")
+    return int(tokens[5] if len(tokens) == 9 else tokens[7])
+
+
+async def _quietly(awaitable: Any, what: str) -> None:
+    try:
+        await awaitable
+    except (TimeoutError, nats.errors.Error, OSError) as exc:
+        logger.debug("%s: %r", what, exc)
+
+
+async def _connect(url: str, *, name: str, wait_for_server: float) -> NatsClient:
+    async def on_error(exc: Exception) -> None:
+        logger.warning("NATS %s: %r", url, exc)
+
+    async def on_disconnected() -> None:
+        logger.warning("NATS %s: disconnected", url)
+
+    async def on_reconnected() -> None:
+        logger.info("NATS %s: reconnected", url)
+
+    try:
+        return await asyncio.wait_for(
+            nats.connect(
+                url,
+                name=name,
+                error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                connect_timeout=2,
+            ),
+            timeout=wait_for_server,
+        )
+    except TimeoutError as exc:
+        raise ConnectionError(
+            f"no NATS server answered at {url} within {wait_for_server}s"
+        ) from exc

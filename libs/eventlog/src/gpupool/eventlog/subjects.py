@@ -1,0 +1,47 @@
+"""Where each entry of the log lives: ``<prefix>.<node_token>.<tag>``.
+
+The node token is the event's node with ``.`` replaced by ``_`` (Kubernetes node
+names never contain ``_``), or ``_`` for events that belong to no node. The
+per-node wildcard ``<prefix>.<node_token>.>`` is what optimistic concurrency and
+the node filters of replay and subscribe match on.
+"""
+
+from __future__ import annotations
+
+from gpupool.events import NODELESS, Event, event_node, event_tag
+
+DEFAULT_SUBJECT_PREFIX = "gpupool.log"
+"""Subjects of the production log; tests use their own prefix per stream."""
+
+NODELESS_TOKEN = "_"
+
+_FORBIDDEN_IN_TOKEN = frozenset(" \t\r\n*>.")
+
+
+def node_token(node: str) -> str:
+    """The subject token of a node: dots become underscores, no node becomes ``_``."""
+    if node == NODELESS:
+        return NODELESS_TOKEN
+    token = node.replace(".", "_")
+    if token == NODELESS_TOKEN or any(ch in _FORBIDDEN_IN_TOKEN for ch in token):
+        raise ValueError(f"node name {node!r} cannot be a NATS subject token")
+    return token
+
+
+def subject_for(event: Event, *, prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
+    """The subject an event is appended on, e.g. ``gpupool.log.gpu-node-1.PodReady``."""
+    return f"{prefix}.{node_token(event_node(event))}.{event_tag(event)}"
+
+
+def node_subject_filter(node: str | None, *, prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
+    """All entries of one node (``None``: the whole log)."""
+    if node is None:
+        return f"{prefix}.>"
+    return f"{prefix}.{node_token(node)}.>"
+
+
+def subject_matches(subject: str, subject_filter: str) -> bool:
+    """Whether ``subject`` is matched by a filter of the form ``a.b.>`` (or an exact subject)."""
+    if subject_filter.endswith(".>"):
+        return subject.startswith(subject_filter[:-1]) and len(subject) > len(subject_filter) - 1
+    return subject == subject_filter
