@@ -123,7 +123,7 @@ class _Completion(msgspec.Struct, frozen=True):
 _Timer = ScenarioAction | _PreemptionCheck | _Completion
 
 
-def _manifest(pod: ScenarioPod) -> PodManifest:
+def pod_manifest(pod: ScenarioPod) -> PodManifest:
     requests: dict[str, str | int] = {}
     limits: dict[str, str | int] = {}
     for table, share in ((requests, pod.requests), (limits, pod.limits)):
@@ -236,7 +236,7 @@ class Simulator:
         for pod in self.scenario.pods:
             if pod.node not in known_nodes:
                 raise ScenarioError(f"pod {pod.name!r}: node {pod.node!r} is not in nodes")
-            self._run(RegisterPod(manifest=_manifest(pod)), start)
+            self._run(RegisterPod(manifest=pod_manifest(pod)), start)
         for index, action in enumerate(self.scenario.timeline):
             self._timer(start + timedelta(seconds=action.at), action)
             if action.pod is not None and not any(

@@ -1,0 +1,157 @@
+"""The loop every service runs around the pure core: rebuild, consume, decide, append, ack.
+
+* **rebuild**: fold the whole log (ordered replay) into a Projection.
+* **consume**: a durable subscription per service instance (each replica folds
+  every entry; the durable lets a restarted instance resume where it acked).
+* **decide + append**: ``execute`` runs ``core.decide`` on the projection and
+  appends the events with the node's last sequence as the optimistic-concurrency
+  expectation. If another writer (a second replica) got there first, the append
+  fails with ConcurrencyConflict: the loop catches up from the log and decides
+  again, so two replicas can never both commit conflicting decisions.
+* **bad input**: an undecodable entry is set aside as a MessageRejected event
+  (same id from every service: recorded once) and counted; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from gpupool.core import Command, decide
+from gpupool.eventlog.port import (
+    ConcurrencyConflict,
+    Entry,
+    EventLog,
+    StoredEvent,
+    Undecodable,
+    rejection_envelope,
+)
+from gpupool.events import Envelope, Event, event_node
+from gpupool.observability.projection import Projection
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+Reaction = Callable[[StoredEvent], Awaitable[None]]
+
+MAX_CONFLICT_RETRIES = 20
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def node_of_subject(subject: str) -> str | None:
+    """The node a log subject names (``<prefix>.<token>.<tag>``), None for ``_``."""
+    parts = subject.split(".")
+    if len(parts) < 3:
+        return None
+    token = parts[-2]
+    return None if token == "_" else token.replace("_", ".")
+
+
+class DeciderLoop:
+    def __init__(
+        self,
+        event_log: EventLog,
+        *,
+        service: str,
+        projection: Projection | None = None,
+        clock: Clock = utc_now,
+    ) -> None:
+        self.log = event_log
+        self.service = service
+        self.projection = projection if projection is not None else Projection()
+        self.clock = clock
+        self.rejected_messages = 0
+        self.conflicts = 0
+        self.ready = False
+
+    async def rebuild(self) -> int:
+        """Fold every entry present in the log; returns how many were new."""
+        folded = 0
+        async for entry in self.log.replay(from_seq=self.projection.last_seq + 1):
+            if await self.fold(entry):
+                folded += 1
+        return folded
+
+    async def fold(self, entry: Entry) -> bool:
+        if isinstance(entry, StoredEvent):
+            return self.projection.apply(entry.seq, entry.envelope)
+        new = self.projection.skip(entry.seq, node_of_subject(entry.subject))
+        if new:
+            await self._set_aside(entry)
+        return new
+
+    async def _set_aside(self, entry: Undecodable) -> None:
+        self.rejected_messages += 1
+        log.warning(
+            "%s: entry %d on %s is not a readable event (%s); set aside as MessageRejected",
+            self.service,
+            entry.seq,
+            entry.subject,
+            entry.error,
+        )
+        await self.log.append(rejection_envelope(entry, time=self.clock()))
+
+    async def execute(
+        self, command: Command, *, node: str, cause: Envelope | None = None
+    ) -> list[Event]:
+        """Decide on the projection and append; on a conflict, catch up and decide again."""
+        for _ in range(MAX_CONFLICT_RETRIES):
+            now = self.clock()
+            events = decide(self.projection.state, command, now)
+            if not events:
+                return []
+            correlation = (
+                cause.correlation_id or cause.id if cause is not None else uuid.uuid4().hex
+            )
+            envelopes = [
+                Envelope(
+                    id=uuid.uuid4().hex,
+                    time=now,
+                    event=event,
+                    correlation_id=correlation,
+                    causation_id=cause.id if cause is not None else "",
+                )
+                for event in events
+            ]
+            for event in events:
+                if event_node(event) != node:
+                    raise ValueError(
+                        f"decided event for {event_node(event)!r} while executing for {node!r}"
+                    )
+            try:
+                seqs = await self.log.append_many(
+                    envelopes, expected_node_seq=self.projection.expected_node_seq(node)
+                )
+            except ConcurrencyConflict as conflict:
+                self.conflicts += 1
+                log.info("%s: %s; catching up and deciding again", self.service, conflict)
+                await self.rebuild()
+                continue
+            for seq, envelope in zip(seqs, envelopes, strict=True):
+                self.projection.apply(seq, envelope)
+            return events
+        raise RuntimeError(
+            f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"
+        )
+
+    async def consume(self, durable: str, react: Reaction) -> None:
+        """Fold live entries and react to each event; ack after the reaction committed."""
+        subscription = self.log.subscribe(durable=durable)
+        try:
+            self.ready = True
+            async for delivery in subscription:
+                entry = delivery.entry
+                # React only to entries not folded before (own appends and the
+                # rebuild already saw the others; decisions are made from the
+                # state, so a skipped reaction loses nothing).
+                if await self.fold(entry) and isinstance(entry, StoredEvent):
+                    await react(entry)
+                await delivery.ack()
+        finally:
+            self.ready = False
+            await subscription.aclose()

@@ -1,0 +1,40 @@
+"""python -m gpupool.policy: the policy service (local cluster file or Kubernetes)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from gpupool.policy.local_config import ConfigError, load_local_cluster
+from gpupool.policy.service import PolicyService
+from gpupool.runtime.service import add_common_arguments, common_options, run_service, serve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m gpupool.policy", description=__doc__)
+    add_common_arguments(parser, default_port=9101)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--cluster", type=Path, help="local mode: nodes and pods from this YAML file"
+    )
+    source.add_argument("--kubernetes", action="store_true", help="watch the Kubernetes API")
+    args = parser.parse_args()
+    if args.kubernetes:
+        parser.error("--kubernetes: see gpupool.policy.kubernetes (not wired in this build)")
+    try:
+        cluster = load_local_cluster(args.cluster)
+    except ConfigError as exc:
+        print(f"gpupool policy: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    service = PolicyService(cluster)
+
+    async def run(stop: asyncio.Event) -> None:
+        await run_service(service, common_options(args), stop)
+
+    serve(run, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

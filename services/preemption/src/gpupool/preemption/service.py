@@ -1,0 +1,78 @@
+"""The preemption service: owns Preempted.
+
+After every new event on a node it asks the core for a preemption plan
+(``PlanPreemption``: planned on a snapshot, only the chosen plan is emitted).
+Fairness preemption needs a clock: the core names the next moment a running pod
+crosses ``podMaxDurationMinutes`` while others wait (``next_preemption_check``),
+and a timer here wakes the service then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack, suppress
+
+from gpupool.core import PlanPreemption, next_preemption_check
+from gpupool.eventlog.port import StoredEvent
+from gpupool.events import NODELESS, Envelope
+from gpupool.runtime.decider import DeciderLoop
+
+log = logging.getLogger(__name__)
+
+
+class PreemptionService:
+    name = "preemption"
+
+    def __init__(self) -> None:
+        self._loop: DeciderLoop | None = None
+        self._changed = asyncio.Event()
+
+    async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
+        self._loop = loop
+        for node in sorted(loop.projection.state.nodes):
+            await self._plan(node, None)
+        timer = asyncio.create_task(self._timer(), name="preemption-timer")
+
+        async def stop_timer() -> None:
+            timer.cancel()
+            with suppress(asyncio.CancelledError):
+                await timer
+
+        stack.push_async_callback(stop_timer)
+
+    async def react(self, entry: StoredEvent) -> None:
+        node = entry.envelope.event.node
+        if node != NODELESS:
+            await self._plan(node, entry.envelope)
+            self._changed.set()
+
+    async def _plan(self, node: str, cause: Envelope | None) -> None:
+        assert self._loop is not None
+        events = await self._loop.execute(PlanPreemption(node=node), node=node, cause=cause)
+        for event in events:
+            log.info("preemption: %s", event)
+
+    async def _timer(self) -> None:
+        """Sleep until the earliest podMaxDurationMinutes crossing on any node, or a change."""
+        assert self._loop is not None
+        loop = self._loop
+        while True:
+            now = loop.clock()
+            due = {
+                node: when
+                for node in loop.projection.state.nodes
+                if (when := next_preemption_check(loop.projection.state, node, now)) is not None
+            }
+            self._changed.clear()
+            if not due:
+                await self._changed.wait()
+                continue
+            node, when = min(due.items(), key=lambda item: item[1])
+            delay = max(0.0, (when - now).total_seconds())
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=delay)
+                continue  # something changed: recompute the deadlines
+            except TimeoutError:
+                pass
+            await self._plan(node, None)
