@@ -144,7 +144,7 @@ def _configure_node(state: State, command: ConfigureNode) -> list[Event]:
     node = state.nodes.get(name)
     registered = state.pods_on(name)
     if policy is None:
-        if node is None or not node.enabled:
+        if node is None or (not node.enabled and node.rejection is None):
             return []
         if registered:
             return [
