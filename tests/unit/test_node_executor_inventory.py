@@ -1,0 +1,68 @@
+"""The executor's inventory rule: NVML or nothing, unless a simulated inventory is asked for."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpupool.events import GpuInfo
+from gpupool.gpus import Inventory, NvmlUnavailable, SimulatedSampler
+from gpupool.node_executor.inventory import (
+    InventoryCollector,
+    NoGpuInventory,
+    sampler_for,
+    select_inventory,
+)
+
+REAL = Inventory(gpus=(GpuInfo(index=0, uuid="GPU-real-0", memory_mib=81559),), source="nvml")
+
+
+def test_refuses_to_start_without_nvml_here() -> None:
+    """The real discovery on this machine, which has no NVML."""
+    with pytest.raises(NoGpuInventory) as refused:
+        select_inventory(node="n1", simulate_gpus=None)
+    assert "NVML Shared Library Not Found" in str(refused.value)
+    assert "--simulate-gpus N" in str(refused.value)
+
+
+def test_refuses_an_empty_nvml_inventory() -> None:
+    with pytest.raises(NoGpuInventory, match="no GPUs"):
+        select_inventory(
+            node="n1", simulate_gpus=None, discover=lambda: Inventory(gpus=(), source="nvml")
+        )
+
+
+def test_uses_nvml_when_it_works() -> None:
+    assert select_inventory(node="n1", simulate_gpus=None, discover=lambda: REAL) is REAL
+
+
+def test_simulated_only_when_asked_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    def no_nvml() -> Inventory:
+        raise NvmlUnavailable("NVML Shared Library Not Found")
+
+    with caplog.at_level(logging.WARNING, logger="gpupool.node_executor.inventory"):
+        inventory = select_inventory(node="n1", simulate_gpus=2, discover=no_nvml)
+    assert inventory.source == "simulated"
+    assert [gpu.uuid for gpu in inventory.gpus] == ["GPU-SIMULATED-n1-0", "GPU-SIMULATED-n1-1"]
+    assert caplog.messages[0].startswith("SIMULATED GPUs: 2 [")
+    assert isinstance(sampler_for(inventory), SimulatedSampler)
+
+
+@pytest.mark.parametrize(
+    ("inventory", "simulated", "source", "count"),
+    [
+        pytest.param(REAL, 0.0, "nvml", 1.0, id="nvml"),
+        pytest.param(
+            select_inventory(node="n1", simulate_gpus=4), 1.0, "simulated", 4.0, id="simulated"
+        ),
+    ],
+)
+def test_metrics_say_whether_gpus_are_simulated(
+    inventory: Inventory, simulated: float, source: str, count: float
+) -> None:
+    registry = CollectorRegistry()
+    registry.register(InventoryCollector("n1", inventory))
+    assert registry.get_sample_value("gpupool_inventory_simulated", {"node": "n1"}) == simulated
+    assert registry.get_sample_value("gpupool_node_gpus", {"node": "n1", "source": source}) == count
