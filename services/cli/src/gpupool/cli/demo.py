@@ -22,7 +22,7 @@ from typing import TextIO
 from gpupool.cli.local_stack import LocalStack, StackSettings, local_stack
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
-from gpupool.events import Assigned, Envelope, PodReady, Preempted, Released, event_tag
+from gpupool.events import Assigned, Envelope, PodReady, Preempted, Released, event_pod, event_tag
 
 NODE = "cn-wulanchabu-c.cr-xxx"
 EXPECTED_ASSIGNMENTS = [("pod-a", 0), ("pod-c", 1), ("pod-d", 1), ("pod-b", 0)]
@@ -68,6 +68,7 @@ class DemoRun:
     events: list[Envelope] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     pods: dict[str, PodProcess] = field(default_factory=dict)
+    echoes: list[asyncio.Task[None]] = field(default_factory=list)
 
     def say(self, text: str) -> None:
         self.out.write(f"[{time.monotonic() - self.started:6.2f}s] {text}\n")
@@ -125,7 +126,7 @@ class DemoRun:
         )
         pod = PodProcess(name=name, process=process)
         self.pods[name] = pod
-        asyncio.create_task(self._echo(pod))
+        self.echoes.append(asyncio.create_task(self._echo(pod)))
         return pod
 
     async def _echo(self, pod: PodProcess) -> None:
