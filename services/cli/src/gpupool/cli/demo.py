@@ -98,13 +98,18 @@ class DemoRun:
 
     def assigned(self) -> list[tuple[str, int]]:
         return [
-            (e.event.pod.name, e.event.gpu_index)
-            for e in self.events
-            if isinstance(e.event, Assigned)
+            (event.pod.name, event.gpu_index)
+            for event in (e.event for e in self.events)
+            if isinstance(event, Assigned)
         ]
 
     def has(self, kind: type, pod: str) -> bool:
-        return any(isinstance(e.event, kind) and e.event.pod.name == pod for e in self.events)
+        return any(
+            isinstance(e.event, kind)
+            and (ref := event_pod(e.event)) is not None
+            and ref.name == pod
+            for e in self.events
+        )
 
     async def start_pod(self, name: str) -> PodProcess:
         process = await asyncio.create_subprocess_exec(
