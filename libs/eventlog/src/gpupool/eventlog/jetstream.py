@@ -69,6 +69,9 @@ handler keeps failing, which should stop the service loudly, not lose the event.
 PULL_BATCH = 128
 PULL_EXPIRES_S = 30.0
 PULL_HEARTBEAT_S = 5.0
+UNEXPECTED_STATUS_BACKOFF_S = 0.1
+PIPELINE_WINDOW = 1000
+"""append_many keeps at most two windows of publishes in flight (nats-py allows 4000)."""
 REPLAY_BUFFER = 4096
 REQUEST_TIMEOUT_S = 5.0
 APPEND_RETRY_FOR_S = 30.0
@@ -82,6 +85,9 @@ H_MSG_ID = "Nats-Msg-Id"
 H_EXPECTED_STREAM = "Nats-Expected-Stream"
 H_EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+
+_PULL_AGAIN = "pull again"
+"""Put in a subscriber's inbox instead of a message: its pull request was lost."""
 
 _RETRYABLE = (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)
 _LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
@@ -105,7 +111,7 @@ class JetStreamEventLog:
         self.ack_wait = ack_wait
         self._closed = False
         self._subscriptions: set[JetStreamSubscription] = set()
-        self._replay_buffers: set[asyncio.Queue[Msg | None]] = set()
+        self._replays: dict[asyncio.Queue[Msg | None], NatsSubscription] = {}
 
     @classmethod
     async def connect(
@@ -119,8 +125,10 @@ class JetStreamEventLog:
         name: str = "gpupool",
     ) -> JetStreamEventLog:
         """Connect (retrying for up to ``connect_timeout``) and create the stream if needed."""
-        nc = await _connect(url, name=name, wait_for_server=connect_timeout)
+        events = _ConnectionEvents(url)
+        nc = await _connect(url, name=name, wait_for_server=connect_timeout, events=events)
         log = cls(nc, stream=stream, subject_prefix=subject_prefix, ack_wait=ack_wait)
+        events.log = log
         try:
             await log._ensure_stream()
         except BaseException:
@@ -206,34 +214,43 @@ class JetStreamEventLog:
         return seqs
 
     async def _append_pipelined(self, envelopes: Sequence[Envelope]) -> list[int]:
-        pending: list[asyncio.Future[api.PubAck] | None] = []
-        for envelope in envelopes:
-            headers = {H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream}
-            try:
-                future = await self._js.publish_async(
-                    subject_for(envelope.event, prefix=self.subject_prefix),
-                    encode_envelope(envelope),
-                    wait_stall=REQUEST_TIMEOUT_S,
-                    headers=headers,
-                )
-            except nats.js.errors.TooManyStalledMsgsError:
-                future = None  # no acks coming back: append it (and the rest) one by one below
-            pending.append(future)
-        waiting = {future for future in pending if future is not None}
-        if waiting:
-            _, late = await asyncio.wait(waiting, timeout=REQUEST_TIMEOUT_S)
-            for future in late:
-                future.cancel()
+        """publish_async in windows; a window's acks are collected while the next one is sent."""
         seqs: list[int] = []
-        for envelope, future in zip(envelopes, pending, strict=True):
-            if future is not None and future.done() and not future.cancelled():
+        in_flight: list[tuple[Envelope, asyncio.Future[api.PubAck]]] = []
+        try:
+            for start in range(0, len(envelopes), PIPELINE_WINDOW):
+                window = []
+                for envelope in envelopes[start : start + PIPELINE_WINDOW]:
+                    future = await self._js.publish_async(
+                        subject_for(envelope.event, prefix=self.subject_prefix),
+                        encode_envelope(envelope),
+                        headers={H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream},
+                    )
+                    window.append((envelope, future))
+                seqs += await self._settle(in_flight)
+                in_flight = window
+            seqs += await self._settle(in_flight)
+        finally:
+            for _, future in in_flight:
+                future.cancel()  # only unsettled ones are affected: an error left them behind
+        return seqs
+
+    async def _settle(self, window: list[tuple[Envelope, asyncio.Future[api.PubAck]]]) -> list[int]:
+        if not window:
+            return []
+        _, late = await asyncio.wait({future for _, future in window}, timeout=REQUEST_TIMEOUT_S)
+        for future in late:
+            future.cancel()
+        seqs: list[int] = []
+        for envelope, future in window:
+            if not future.cancelled():
                 error = future.exception()
                 if error is None:
                     seqs.append(future.result().seq)
                     continue
                 if not isinstance(error, _RETRYABLE):
                     raise error
-            # Lost or timed out: appending again is safe, the msg id dedupes it.
+            # No ack in time, or lost: appending again is safe, the msg id dedupes it.
             seqs.append(await self.append(envelope))
         return seqs
 
@@ -302,7 +319,6 @@ class JetStreamEventLog:
         async def on_msg(msg: Msg) -> None:
             await buffer.put(msg)
 
-        self._replay_buffers.add(buffer)
         subscription = await self._js.subscribe(
             subject_filter,
             stream=self.stream,
@@ -312,6 +328,7 @@ class JetStreamEventLog:
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
             ),
         )
+        self._replays[buffer] = subscription
         last = start - 1
         try:
             while True:
@@ -328,7 +345,7 @@ class JetStreamEventLog:
                 if seq >= end:
                     return
         finally:
-            self._replay_buffers.discard(buffer)
+            self._replays.pop(buffer, None)
             if not self._nc.is_closed:
                 await _quietly(subscription.unsubscribe(), "replay unsubscribe")
 
@@ -373,7 +390,10 @@ class JetStreamEventLog:
         self._closed = True
         for subscription in list(self._subscriptions):
             await subscription.aclose()
-        for buffer in self._replay_buffers:
+        for buffer, consumer in list(self._replays.items()):
+            # Stop the consumer first: its callback may be blocked on the full buffer.
+            if not self._nc.is_closed:
+                await _quietly(consumer.unsubscribe(), "replay unsubscribe")
             while not buffer.empty():
                 buffer.get_nowait()
             buffer.put_nowait(None)
@@ -388,6 +408,11 @@ class JetStreamEventLog:
     def _check_open(self) -> None:
         if self._closed:
             raise EventLogClosed(f"event log {self.stream} is closed")
+
+    def _pull_again(self) -> None:
+        """After a reconnect, pull requests may be gone with the old connection: renew them."""
+        for subscription in self._subscriptions:
+            subscription._inbox.put_nowait(_PULL_AGAIN)
 
 
 class JetStreamDelivery:
@@ -428,7 +453,7 @@ class JetStreamSubscription:
         self._log = log
         self.durable = durable
         self.subject_filter = subject_filter
-        self._inbox: asyncio.Queue[Msg | None] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Msg | str | None] = asyncio.Queue()
         self._inbox_subject = ""
         self._nats_subscription: NatsSubscription | None = None
         self._requested = 0
@@ -487,6 +512,10 @@ class JetStreamSubscription:
                 if self._log._closed:
                     raise EventLogClosed(f"event log {self._log.stream} is closed")
                 raise StopAsyncIteration
+            if msg == _PULL_AGAIN:
+                self._requested = 0
+                continue
+            assert isinstance(msg, Msg)
             status = msg.headers.get("Status") if msg.headers else None
             if status is None and msg.reply:
                 self._requested -= 1
@@ -505,6 +534,7 @@ class JetStreamSubscription:
                 raise EventLogClosed(f"durable {self.durable!r} was deleted")
             logger.warning("durable %s: pull status %s %s", self.durable, status, description)
             self._requested = 0
+            await asyncio.sleep(UNEXPECTED_STATUS_BACKOFF_S)  # do not spin on a server that says no
 
     async def aclose(self) -> None:
         if self._closed:
@@ -517,7 +547,7 @@ class JetStreamSubscription:
             await _quietly(delivery.nak(), "nak on close")
         while not self._inbox.empty():
             msg = self._inbox.get_nowait()
-            if msg is not None and msg.reply and not (msg.headers and "Status" in msg.headers):
+            if isinstance(msg, Msg) and msg.reply and not (msg.headers and "Status" in msg.headers):
                 await _quietly(msg.nak(), "nak on close")
         self._inbox.put_nowait(None)
         if not self._log._nc.is_closed:
@@ -537,24 +567,38 @@ async def _quietly(awaitable: Any, what: str) -> None:
         logger.debug("%s: %r", what, exc)
 
 
-async def _connect(url: str, *, name: str, wait_for_server: float) -> NatsClient:
-    async def on_error(exc: Exception) -> None:
-        logger.warning("NATS %s: %r", url, exc)
+class _ConnectionEvents:
+    """What the NATS client reports about its connection, logged, and acted on by the log."""
 
-    async def on_disconnected() -> None:
-        logger.warning("NATS %s: disconnected", url)
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.log: JetStreamEventLog | None = None
 
-    async def on_reconnected() -> None:
-        logger.info("NATS %s: reconnected", url)
+    async def error(self, exc: Exception) -> None:
+        logger.warning("NATS %s: %r", self.url, exc)
 
+    async def disconnected(self) -> None:
+        if self.log is not None and self.log._closed:
+            return
+        logger.warning("NATS %s: disconnected; reconnecting", self.url)
+
+    async def reconnected(self) -> None:
+        logger.info("NATS %s: reconnected", self.url)
+        if self.log is not None:
+            self.log._pull_again()
+
+
+async def _connect(
+    url: str, *, name: str, wait_for_server: float, events: _ConnectionEvents
+) -> NatsClient:
     try:
         return await asyncio.wait_for(
             nats.connect(
                 url,
                 name=name,
-                error_cb=on_error,
-                disconnected_cb=on_disconnected,
-                reconnected_cb=on_reconnected,
+                error_cb=events.error,
+                disconnected_cb=events.disconnected,
+                reconnected_cb=events.reconnected,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 connect_timeout=2,

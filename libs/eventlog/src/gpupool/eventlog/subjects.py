@@ -8,6 +8,9 @@ the node filters of replay and subscribe match on.
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
+
 from gpupool.events import NODELESS, Event, event_node, event_tag
 
 DEFAULT_SUBJECT_PREFIX = "gpupool.log"
@@ -15,15 +18,16 @@ DEFAULT_SUBJECT_PREFIX = "gpupool.log"
 
 NODELESS_TOKEN = "_"
 
-_FORBIDDEN_IN_TOKEN = frozenset(" \t\r\n*>.")
+_NOT_IN_A_TOKEN = re.compile(r"[\s*>]")
 
 
+@lru_cache(maxsize=4096)
 def node_token(node: str) -> str:
     """The subject token of a node: dots become underscores, no node becomes ``_``."""
     if node == NODELESS:
         return NODELESS_TOKEN
     token = node.replace(".", "_")
-    if token == NODELESS_TOKEN or any(ch in _FORBIDDEN_IN_TOKEN for ch in token):
+    if token == NODELESS_TOKEN or _NOT_IN_A_TOKEN.search(token):
         raise ValueError(f"node name {node!r} cannot be a NATS subject token")
     return token
 
