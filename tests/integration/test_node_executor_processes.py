@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -271,3 +272,28 @@ async def test_commands_that_cannot_start(devnull: int, argv: list[str], expecte
 @pytest.mark.parametrize(("returncode", "expected"), [(0, 0), (1, 1), (-9, 137), (-15, 143)])
 def test_shell_exit_code(returncode: int, expected: int) -> None:
     assert shell_exit_code(returncode) == expected
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing user needs root, as the executor has")
+async def test_workload_runs_as_the_peers_user_without_extra_groups(
+    stdout_pipe: Pipe, devnull: int
+) -> None:
+    supervisor = ProcessSupervisor()
+    id_command = shutil.which("id")
+    assert id_command is not None
+    workload = await supervisor.start(
+        POD,
+        [id_command],
+        {},
+        "/",
+        (devnull, stdout_pipe.write_fd, stdout_pipe.write_fd),
+        run_as=(65534, 65534),
+    )
+    os.close(stdout_pipe.write_fd)
+    stdout_pipe.write_fd = -1
+    uid, gid, groups = (await stdout_pipe.line()).split()
+    assert uid.startswith("uid=65534(")
+    assert gid.startswith("gid=65534(")
+    assert groups.startswith("groups=65534(")
+    assert "," not in groups  # root's supplementary groups were dropped
+    assert await supervisor.wait(workload) == 0
