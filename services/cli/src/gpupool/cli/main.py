@@ -1,17 +1,43 @@
-"""The ``gpupool`` command: each subcommand lives in its own module exposing ``register``."""
+"""The ``gpupool`` command: each subcommand lives in its own module exposing ``register``.
+
+``register(subparsers)`` adds the module's subparser and sets ``handler``: a
+function of the parsed arguments that returns an exit code, or a coroutine that
+does (coroutines run with ``asyncio.run``). Adding a subcommand is one line in
+:data:`COMMAND_MODULES`. Exit codes: 0 ok, 1 failure, 2 usage or invalid input
+(see ``gpupool.cli.exits``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
+import inspect
 import sys
 from collections.abc import Sequence
-from types import ModuleType
+from typing import Protocol, TypeAlias
 
-from gpupool.cli import demo, run_command, up_command
+from gpupool.cli.exits import EXIT_OK, CommandFailed
 from gpupool.workload.client import run_main
 
-COMMAND_MODULES: tuple[ModuleType, ...] = (run_command, up_command, demo)
-"""Adding a subcommand: write a module with ``register(subparsers)``, add it here."""
+COMMAND_MODULES: tuple[str, ...] = (
+    "gpupool.cli.commands.simulate",
+    "gpupool.cli.commands.log",
+    "gpupool.cli.commands.history",
+    "gpupool.cli.commands.state",
+    "gpupool.cli.commands.verify",
+    "gpupool.cli.commands.explain",
+    "gpupool.cli.run_command",
+    "gpupool.cli.up_command",
+    "gpupool.cli.demo",
+)
+"""Adding a subcommand: write a module with ``register(subparsers)``, add its name here."""
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class CommandModule(Protocol):
+    def register(self, subparsers: Subparsers) -> None: ...
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpupool",
         description="GPU sharing for Kubernetes GPU nodes: share-pool queues, preemption, audit.",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in COMMAND_MODULES:
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        module: CommandModule = importlib.import_module(name)
         module.register(subparsers)
     return parser
 
@@ -31,8 +58,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `gpupool run` takes its own options and then `-- CMD...`: argparse would eat them
         return run_main(args_list[1:])
     args = build_parser().parse_args(args_list)
-    code: int = args.handler(args)
-    return code
+    try:
+        result = args.handler(args)
+        if inspect.iscoroutine(result):
+            result = asyncio.run(result)
+    except CommandFailed as exc:
+        print(f"gpupool {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``gpupool log | head``): not an error of ours.
+        sys.stderr.close()
+        return EXIT_OK
+    assert isinstance(result, int)
+    return result
 
 
 if __name__ == "__main__":
