@@ -1,0 +1,43 @@
+"""Kubernetes mode of the policy service, wired: one pod directory, the node and pod controllers.
+
+    controllers = KubernetesControllers(api, submit)
+    await controllers.run()          # both watches, until cancelled
+
+``controllers.pods`` is the pod watch cache (``by_uid`` for the node-executor's
+workload identity); ``controllers.preemptions`` records Preempted events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+
+from gpupool.kube.node_controller import NodeController, utc_now
+from gpupool.kube.node_status import NodeStatusSettings
+from gpupool.kube.pod_controller import PodController
+from gpupool.kube.pod_directory import PodDirectory
+from gpupool.kube.port import KubernetesApi, SubmitCommand
+from gpupool.kube.preemption_recorder import PreemptionRecorder
+
+
+class KubernetesControllers:
+    def __init__(
+        self,
+        api: KubernetesApi,
+        submit: SubmitCommand,
+        *,
+        settings: NodeStatusSettings | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.pods = PodDirectory()
+        self.nodes = NodeController(api, submit, self.pods, settings=settings, clock=clock)
+        self.pod_controller = PodController(
+            api, submit, self.pods, node_pods_changed=self.nodes.pods_changed, clock=clock
+        )
+        self.preemptions = PreemptionRecorder(api, self.pods)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.pod_controller.run(), name="gpupool-pod-watch")
+            group.create_task(self.nodes.run(), name="gpupool-node-watch")

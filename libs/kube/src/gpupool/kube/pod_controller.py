@@ -1,0 +1,122 @@
+"""Pods: register ``gpu-hpn`` pods in the core when bound, remove them when gone.
+
+* A pod labelled ``alibabacloud.com/compute-class: gpu-hpn`` that is bound to a
+  node is submitted as ``RegisterPod`` (once per distinct manifest). A
+  ``PodRejected`` answer becomes a Warning Event on the pod, reason = the
+  rejection's reason, message = its message, source component ``gpushare``.
+* When such a pod is deleted, or has Succeeded/Failed, ``RemovePod`` is submitted.
+* Whole-GPU pods (``nvidia.com/gpu``) arriving on or leaving a node, and removed
+  GPU-sharing pods, make the node controller look at that node again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Literal
+
+from gpupool.core import PodManifest, RegisterPod, RemovePod
+from gpupool.events import PodRejected, PodRemoved
+from gpupool.kube.node_controller import utc_now
+from gpupool.kube.pod_directory import (
+    PodDirectory,
+    asks_exclusive_gpu,
+    is_gpu_hpn,
+    pod_manifest,
+)
+from gpupool.kube.port import KubernetesApi, SubmitCommand
+from gpupool.kube.records import Pod, PodChange, PodEvent, Synced, kube_time, pod_event_name
+
+log = logging.getLogger(__name__)
+
+NodePodsChanged = Callable[[str], Awaitable[None]]
+
+
+class PodController:
+    def __init__(
+        self,
+        api: KubernetesApi,
+        submit: SubmitCommand,
+        pods: PodDirectory,
+        *,
+        node_pods_changed: NodePodsChanged | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self._api = api
+        self._submit = submit
+        self._pods = pods
+        self._node_pods_changed = node_pods_changed
+        self._clock = clock
+        self._seen: dict[str, PodManifest | Literal["removed"]] = {}
+        """By pod UID (by namespace/name for a pod without one): what was last submitted."""
+
+    async def run(self) -> None:
+        """Follow the pod watch forever, keeping the directory current."""
+        async for item in self._api.watch_pods():
+            if isinstance(item, Synced):
+                self._pods.synced.set()
+                continue
+            before = self._pods.apply(item)
+            try:
+                await self.on_change(item, before)
+            except Exception:
+                log.exception("pod %s: handling failed", item.object.ref)
+
+    async def on_change(self, change: PodChange, before: Pod | None) -> None:
+        pod = change.object
+        after = None if change.type == "DELETED" else pod
+        touched: set[str] = set()
+        if _exclusive_placement(before) != _exclusive_placement(after):
+            touched.update(p.node_name for p in (before, after) if p is not None and p.node_name)
+        if is_gpu_hpn(pod) and await self._follow_share_pod(change):
+            touched.add(pod.node_name)
+        if self._node_pods_changed is not None:
+            for node in sorted(touched):
+                await self._node_pods_changed(node)
+
+    async def _follow_share_pod(self, change: PodChange) -> bool:
+        """Register or remove the pod; True when the core removed it from its node."""
+        pod = change.object
+        key = pod.metadata.uid or str(pod.ref)
+        if change.type == "DELETED" or pod.terminated:
+            if not pod.node_name or self._seen.get(key) == "removed":
+                return False
+            events = await self._submit(RemovePod(pod=pod.ref, node=pod.node_name))
+            if change.type == "DELETED":
+                self._seen.pop(key, None)
+            else:
+                self._seen[key] = "removed"
+            return any(isinstance(e, PodRemoved) for e in events)
+        if not pod.node_name:
+            return False
+        manifest = pod_manifest(pod)
+        if self._seen.get(key) == manifest:
+            return False
+        events = await self._submit(RegisterPod(manifest=manifest))
+        self._seen[key] = manifest
+        for event in events:
+            if isinstance(event, PodRejected):
+                await self._report(pod, event)
+        return False
+
+    async def _report(self, pod: Pod, rejection: PodRejected) -> None:
+        await self._api.create_event(
+            PodEvent(
+                name=pod_event_name(
+                    pod.metadata.name, pod.metadata.uid, rejection.reason, rejection.message
+                ),
+                pod=pod.ref,
+                pod_uid=pod.metadata.uid,
+                type="Warning",
+                reason=rejection.reason,
+                message=rejection.message,
+                time=kube_time(self._clock()),
+            )
+        )
+
+
+def _exclusive_placement(pod: Pod | None) -> tuple[str, bool] | None:
+    if pod is None or not pod.node_name:
+        return None
+    return (pod.node_name, asks_exclusive_gpu(pod) and not pod.terminated)
