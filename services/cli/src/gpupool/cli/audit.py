@@ -357,7 +357,7 @@ def pod_history(entries: Sequence[Entry], pod: PodRef) -> History:
             case Preempted() if event.preemptor == pod:
                 say(f"preempts {event.victim} on GPU {event.gpu_index} (reason {event.reason})")
             case Released() if mine:
-                exit_code = "" if event.exit_code is None else f", exit code {event.exit_code}"
+                exit_code = "" if event.exit_code is None else f" (exit code {event.exit_code})"
                 if event.gpu_index is None:
                     waited = f" after waiting {format_duration(now - wait.since)}" if wait else ""
                     say(f"left the queue: {event.reason}{waited}")
@@ -558,7 +558,8 @@ class VerifyReport(msgspec.Struct, kw_only=True):
 INVARIANTS = (
     "no GPU over 100% by limits (core and memory; static pods by requests)",
     "no double assignment (a pod assigned while it holds a GPU)",
-    "the queue is served in order (without backfill only the head is assigned)",
+    "the queue is served in order (only the head is assigned, or with backfill a later pod "
+    "on a GPU not reserved for the head)",
     "a pod is ready only from dormant, and assigned only from the queue",
     "every Preempted is followed by its victim's release; no release as preempted without one",
     "no pod is preempted for a pod of lower priority",
@@ -689,16 +690,26 @@ class _Verifier:
         if pod.phase != "ready":
             self.violation(entry, name, f"{event.pod} was assigned while {pod.phase}, not ready")
             return
+        head = ready_queue(state, event.node)[0]
+        if head.ref == event.pod:
+            return
+        position = queue_positions(state, event.node)[event.pod]
         if not node.qos.backfill:
-            head = ready_queue(state, event.node)[0]
-            if head.ref != event.pod:
-                position = queue_positions(state, event.node)[event.pod]
-                self.violation(
-                    entry,
-                    name,
-                    f"out of order: {event.pod} was at position {position}; the head was "
-                    f"{head.ref} and backfill is off on {event.node}",
-                )
+            self.violation(
+                entry,
+                name,
+                f"out of order: {event.pod} was at position {position}; the head was "
+                f"{head.ref} and backfill is off on {event.node}",
+            )
+            return
+        reserved = reservation_gpu(gpu_usage(node, pods), head, pods)
+        if reserved == event.gpu_index:
+            self.violation(
+                entry,
+                name,
+                f"backfill onto GPU {reserved}, which is reserved for the head {head.ref} "
+                f"({event.pod} was at position {position})",
+            )
 
     def _preempted(self, entry: StoredEvent, event: Preempted, state: State) -> None:
         name = str(event.victim)
@@ -980,15 +991,29 @@ def _blockers(
         )
         return said
     minutes = node.qos.pod_max_duration_minutes
-    reason = f"no eligible victim: no running pod has a priority below {pod.priority}"
+    running = ", ".join(
+        f"{p.ref} (priority {p.priority})"
+        for p in sorted(state.pods_on(node.name), key=lambda p: p.ref)
+        if p.phase == "running" and p.policy == "share-pool"
+    )
+    reason = f"no eligible victim: none of {running} has a priority below {pod.priority}"
     if minutes is None:
         said.append(f"{reason}, and podMaxDurationMinutes is not set")
         return said
-    said.append(f"{reason} and held its GPU for podMaxDurationMinutes ({minutes} min)")
+    said.append(f"{reason}, and none has held its GPU for podMaxDurationMinutes ({minutes} min)")
     check = next_preemption_check(state, node.name, now)
     if check is not None:
+        limit = timedelta(minutes=minutes)
+        reaching = sorted(
+            str(p.ref)
+            for p in state.pods_on(node.name)
+            if p.phase == "running"
+            and p.running_since is not None
+            and p.running_since + limit == check
+        )
         said.append(
-            f"the next running pod reaches podMaxDurationMinutes at {format_offset(check, origin)}"
+            f"{', '.join(reaching)} reaches podMaxDurationMinutes at "
+            f"{format_offset(check, origin)}; preemption is considered again then"
         )
     return said
 
@@ -1004,7 +1029,8 @@ def _estimate(node: NodeState, position: int, holds: list[Hold]) -> str:
     ahead = position - 1
     plural = "s" if len(recent) > 1 else ""
     return (
-        f"about {format_duration(wait)} more: the median hold {format_duration(median)} of the "
-        f"last {len(recent)} completed assignment{plural} on {node.name} × {position} "
-        f"({ahead} ahead + itself) / {gpus} GPUs. An estimate from recent history, not a promise"
+        f"about {format_duration(wait)} more = median hold {format_duration(median)} "
+        f"(the {len(recent)} most recent completed assignment{plural} on {node.name}) "
+        f"× {position} (pods ahead {ahead} + itself) / {gpus} GPUs; an estimate from recent "
+        "history, not a promise"
     )
