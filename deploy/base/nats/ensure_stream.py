@@ -1,0 +1,121 @@
+"""Give the gpupool event log stream the replicas the cluster wants (an init container).
+
+The services create the stream ``GPUPOOL`` themselves when it is missing, with one
+replica (:mod:`gpupool.eventlog.jetstream`), and use an existing stream as it is.
+In a NATS cluster the log must survive the loss of a server, so before a service
+starts this script:
+
+1. creates the stream exactly as the services would, if it is missing;
+2. sets its replicas to ``GPUPOOL_STREAM_REPLICAS`` (an existing stream is scaled
+   up or down in place; nothing else of its configuration changes).
+
+Idempotent: a second run changes nothing. Failures are retried until
+``GPUPOOL_STREAM_DEADLINE_S``: NATS not up yet, JetStream electing its meta leader,
+and "no suitable peers for placement" too, which is what a cluster answers both
+while some of its servers are still starting and when it has fewer servers than
+replicas asked for (the last answer is printed when the deadline passes).
+
+Settings (environment): ``GPUPOOL_NATS_URL``, ``GPUPOOL_STREAM`` (default GPUPOOL),
+``GPUPOOL_STREAM_REPLICAS`` (default 1), ``GPUPOOL_STREAM_DEADLINE_S`` (default 120),
+``GPUPOOL_SUBJECT_PREFIX`` (default: the production prefix; tests use their own).
+Exit status: 0 done, 1 deadline passed, 2 bad settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+import time
+
+import nats
+import nats.errors
+import nats.js.errors
+
+from gpupool.eventlog import JetStreamEventLog
+from gpupool.eventlog.jetstream import DEFAULT_STREAM
+from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
+
+RETRY_PAUSE_S = (0.5, 1.0, 2.0, 5.0)
+MAX_REPLICAS = 5
+"""JetStream's limit on the replicas of a stream."""
+
+
+def say(message: str) -> None:
+    print(f"ensure-stream: {message}", file=sys.stderr, flush=True)
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, nats.js.errors.APIError):
+        return f"JetStream error {exc.err_code}: {exc.description}"
+    return repr(exc)
+
+
+async def ensure_once(url: str, stream: str, subject_prefix: str, replicas: int) -> str:
+    """One attempt: create if missing, then set the replicas. Returns what was done."""
+    log = await JetStreamEventLog.connect(
+        url,
+        stream=stream,
+        subject_prefix=subject_prefix,
+        connect_timeout=5.0,
+        name="gpupool-ensure-stream",
+    )
+    await log.close()
+    nc = await nats.connect(
+        url, name="gpupool-ensure-stream", connect_timeout=5, max_reconnect_attempts=0
+    )
+    try:
+        js = nc.jetstream(timeout=10.0)
+        info = await js.stream_info(stream)
+        current = info.config.num_replicas or 1
+        if current == replicas:
+            return f"stream {stream} has {replicas} replica(s); nothing to do"
+        await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
+        return f"stream {stream}: replicas {current} -> {replicas}"
+    finally:
+        await nc.close()
+
+
+async def ensure(
+    url: str, stream: str, subject_prefix: str, replicas: int, deadline_s: float
+) -> int:
+    give_up_at = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        try:
+            say(await ensure_once(url, stream, subject_prefix, replicas))
+            return 0
+        except (nats.errors.Error, ConnectionError, OSError, TimeoutError) as exc:
+            # NATS not reachable yet, JetStream still electing its leaders, a timeout.
+            left = give_up_at - time.monotonic()
+            if left <= 0:
+                say(f"giving up after {deadline_s:.0f}s: {describe(exc)}")
+                return 1
+            pause = min(RETRY_PAUSE_S[min(attempt, len(RETRY_PAUSE_S) - 1)], left)
+            say(f"not yet ({describe(exc)}); retrying in {pause:.1f}s")
+            attempt += 1
+            await asyncio.sleep(pause)
+
+
+def main() -> int:
+    env = os.environ.get
+    replicas = int(env("GPUPOOL_STREAM_REPLICAS", "1"))
+    if not 1 <= replicas <= MAX_REPLICAS:
+        say(
+            f"GPUPOOL_STREAM_REPLICAS must be 1..{MAX_REPLICAS} (JetStream's limit), not {replicas}"
+        )
+        return 2
+    return asyncio.run(
+        ensure(
+            url=env("GPUPOOL_NATS_URL", "nats://127.0.0.1:4222"),
+            stream=env("GPUPOOL_STREAM", DEFAULT_STREAM),
+            subject_prefix=env("GPUPOOL_SUBJECT_PREFIX", DEFAULT_SUBJECT_PREFIX),
+            replicas=replicas,
+            deadline_s=float(env("GPUPOOL_STREAM_DEADLINE_S", "120")),
+        )
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
