@@ -342,7 +342,7 @@ async def test_append_raw_refuses_subjects_outside_the_log(event_log: EventLog) 
 
 
 async def test_subscribe_delivers_entries_appended_later(event_log: EventLog) -> None:
-    async with event_log.subscribe(durable="live") as subscription:  # type: ignore[attr-defined]
+    async with event_log.subscribe(durable="live") as subscription:
         first = await event_log.append(wrap(ready()))
         delivery = await next_delivery(subscription)
         assert delivery.entry.seq == first

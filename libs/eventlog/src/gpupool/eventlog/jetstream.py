@@ -89,7 +89,11 @@ H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-
 _PULL_AGAIN = "pull again"
 """Put in a subscriber's inbox instead of a message: its pull request was lost."""
 
-_RETRYABLE = (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)
+_RETRYABLE = (
+    nats.errors.TimeoutError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.NoStreamResponseError,
+)
 _LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
 
 
@@ -216,41 +220,47 @@ class JetStreamEventLog:
     async def _append_pipelined(self, envelopes: Sequence[Envelope]) -> list[int]:
         """publish_async in windows; a window's acks are collected while the next one is sent."""
         seqs: list[int] = []
-        in_flight: list[tuple[Envelope, asyncio.Future[api.PubAck]]] = []
+        in_flight: list[tuple[Envelope, asyncio.Future[api.PubAck] | None]] = []
         try:
             for start in range(0, len(envelopes), PIPELINE_WINDOW):
-                window = []
+                window: list[tuple[Envelope, asyncio.Future[api.PubAck] | None]] = []
                 for envelope in envelopes[start : start + PIPELINE_WINDOW]:
-                    future = await self._js.publish_async(
-                        subject_for(envelope.event, prefix=self.subject_prefix),
-                        encode_envelope(envelope),
-                        headers={H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream},
-                    )
+                    try:
+                        future: asyncio.Future[api.PubAck] | None = await self._js.publish_async(
+                            subject_for(envelope.event, prefix=self.subject_prefix),
+                            encode_envelope(envelope),
+                            headers={H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream},
+                        )
+                    except nats.errors.OutboundBufferLimitError:
+                        future = None  # disconnected and the buffer is full: append it alone
                     window.append((envelope, future))
                 seqs += await self._settle(in_flight)
                 in_flight = window
             seqs += await self._settle(in_flight)
         finally:
-            for _, future in in_flight:
-                future.cancel()  # only unsettled ones are affected: an error left them behind
+            for _, unsettled in in_flight:
+                if unsettled is not None:
+                    unsettled.cancel()  # an error left them behind; settled ones are unaffected
         return seqs
 
-    async def _settle(self, window: list[tuple[Envelope, asyncio.Future[api.PubAck]]]) -> list[int]:
-        if not window:
-            return []
-        _, late = await asyncio.wait({future for _, future in window}, timeout=REQUEST_TIMEOUT_S)
-        for future in late:
-            future.cancel()
+    async def _settle(
+        self, window: list[tuple[Envelope, asyncio.Future[api.PubAck] | None]]
+    ) -> list[int]:
+        futures = {future for _, future in window if future is not None}
+        if futures:
+            _, late = await asyncio.wait(futures, timeout=REQUEST_TIMEOUT_S)
+            for overdue in late:
+                overdue.cancel()
         seqs: list[int] = []
-        for envelope, future in window:
-            if not future.cancelled():
-                error = future.exception()
+        for envelope, ack in window:
+            if ack is not None and not ack.cancelled():
+                error = ack.exception()
                 if error is None:
-                    seqs.append(future.result().seq)
+                    seqs.append(ack.result().seq)
                     continue
                 if not isinstance(error, _RETRYABLE):
                     raise error
-            # No ack in time, or lost: appending again is safe, the msg id dedupes it.
+            # Not sent, no ack in time, or lost: appending again is safe, the msg id dedupes it.
             seqs.append(await self.append(envelope))
         return seqs
 

