@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,8 @@ def _compose_and_construct(text: str, source: str) -> tuple[yaml.Node | None, An
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
         problem = exc.problem or exc.context or "invalid YAML"
+        if exc.problem and exc.context and exc.context_mark is not None:
+            problem += f" ({exc.context} started at line {exc.context_mark.line + 1})"
         raise ScenarioFileError(f"{source}:{line}: invalid YAML: {problem}") from exc
     except yaml.YAMLError as exc:
         raise ScenarioFileError(f"{source}: invalid YAML: {exc}") from exc
@@ -194,42 +198,45 @@ def _yaml_text(node: yaml.ScalarNode) -> str:
 # --------------------------------------------------------------------------- the Scenario type
 
 
-def _type_at(path: tuple[PathSegment, ...]) -> msgspec.inspect.Type:
-    info: msgspec.inspect.Type = msgspec.inspect.type_info(Scenario)
+def _type_at(path: tuple[PathSegment, ...]) -> Any:
+    """The Python type the Scenario declares at ``path`` (``X | None`` read as ``X``)."""
+    kind: Any = Scenario
     for segment in path:
-        info = _unwrap(info)
-        if isinstance(segment, int) and isinstance(info, msgspec.inspect.ListType):
-            info = info.item_type
-        elif isinstance(segment, str) and isinstance(info, msgspec.inspect.StructType):
-            fields = {field.encode_name: field.type for field in info.fields}
+        kind = _unwrap(kind)
+        if isinstance(segment, int) and typing.get_origin(kind) is list:
+            kind = typing.get_args(kind)[0]
+        elif (
+            isinstance(segment, str) and isinstance(kind, type) and issubclass(kind, msgspec.Struct)
+        ):
+            fields = {field.encode_name: field.type for field in msgspec.structs.fields(kind)}
             if segment not in fields:
-                break
-            info = fields[segment]
+                return None
+            kind = fields[segment]
         else:
-            break
-    return _unwrap(info)
+            return None
+    return _unwrap(kind)
 
 
-def _unwrap(info: msgspec.inspect.Type) -> msgspec.inspect.Type:
-    """``X | None`` is ``X`` here (paths never lead through None)."""
-    if isinstance(info, msgspec.inspect.UnionType):
-        kinds = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
-        if len(kinds) == 1:
-            return kinds[0]
-    return info
+def _unwrap(kind: Any) -> Any:
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        members = [t for t in typing.get_args(kind) if t is not type(None)]
+        if len(members) == 1:
+            return members[0]
+    return kind
 
 
 def _field_names(path: tuple[PathSegment, ...]) -> list[str]:
-    info = _type_at(path)
-    if isinstance(info, msgspec.inspect.StructType):
-        return [field.encode_name for field in info.fields]
+    kind = _type_at(path)
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        return [field.encode_name for field in msgspec.structs.fields(kind)]
     return []
 
 
 def _literal_choices(path: tuple[PathSegment, ...]) -> list[object]:
-    info = _type_at(path)
-    if isinstance(info, msgspec.inspect.LiteralType):
-        return list(info.values)
+    """The allowed values, in the order the type declares them."""
+    kind = _type_at(path)
+    if typing.get_origin(kind) is typing.Literal:
+        return list(typing.get_args(kind))
     return []
 
 
