@@ -1,0 +1,232 @@
+"""Projection rebuild: 1,000,000 log entries folded from zero and resumed from a snapshot, against
+the raw decode-only speed of the same entries in the same run.
+
+    .venv/bin/python bench/bench_rebuild.py [N]
+
+The log is made by the core simulator: a few template nodes, each simulated on its own
+(ready/complete/cancel/fail/oom, preemption by priority and by max duration, requeue),
+then cloned under new node, namespace and id names until there are N entries (nodes are
+independent, so every clone is a valid history). Entries are JSON-encoded envelopes
+held in memory (the JetStream replay is measured by bench_eventlog.py). The rebuild
+keeps statistics (metrics_projection), as the admission-queue service does.
+
+Prints a table; no assertions (the numbers depend on the machine), except that the
+resumed projection equals the one rebuilt from zero.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+
+import msgspec
+
+from gpupool.core.simulation import (
+    ActionKind,
+    Scenario,
+    ScenarioAction,
+    ScenarioNode,
+    ScenarioPod,
+    ScenarioShare,
+    simulate,
+)
+from gpupool.events import Envelope, decode_envelope, encode_envelope
+from gpupool.observability import (
+    Projection,
+    decode_snapshot,
+    encode_snapshot,
+    metrics_projection,
+)
+
+TEMPLATES = 12
+PODS_PER_NODE = 24
+ACTIONS_PER_POD = 120
+TOKEN = b"-r000"
+SNAPSHOT_AT = 0.9
+
+
+def template_scenario(index: int) -> Scenario:
+    rng = random.Random(index)
+    name = f"node-{index:02d}-r000"
+    node = ScenarioNode(
+        name=name,
+        gpus=rng.choice([8, 16]),
+        qos='{"preemptEnabled": true, "podMaxDurationMinutes": 10}',
+    )
+    pods: list[ScenarioPod] = []
+    timeline: list[ScenarioAction] = []
+    for p in range(PODS_PER_NODE):
+        limit = rng.choice([25, 50, 50, 100])
+        pod = ScenarioPod(
+            name=f"pod-{p}",
+            namespace=f"ns-{index:02d}-r000",
+            node=name,
+            requests=ScenarioShare(core=min(limit, 30), memory=min(limit, 30)),
+            limits=ScenarioShare(core=limit, memory=limit),
+            priority=rng.choice([0, 0, 0, 100]),
+            requeue=rng.random() < 0.2,
+        )
+        pods.append(pod)
+        at = 0.0
+        for _ in range(ACTIONS_PER_POD):
+            at += rng.expovariate(1 / 400)
+            if rng.random() < 0.85:
+                timeline.append(
+                    ScenarioAction(
+                        at=at,
+                        action="ready",
+                        pod=pod.name,
+                        namespace=pod.namespace,
+                        runs_for=rng.expovariate(1 / 300),
+                    )
+                )
+            else:
+                kind: ActionKind = rng.choice(["cancel", "fail", "oom"])
+                timeline.append(
+                    ScenarioAction(at=at, action=kind, pod=pod.name, namespace=pod.namespace)
+                )
+    return Scenario(nodes=[node], pods=pods, timeline=timeline)
+
+
+def template_logs() -> list[list[tuple[datetime, int, int, bytes]]]:
+    logs = []
+    for index in range(TEMPLATES):
+        log = simulate(template_scenario(index))
+        logs.append(
+            [
+                (
+                    envelope.time,
+                    index,
+                    position,
+                    encode_envelope(
+                        msgspec.structs.replace(envelope, id=f"node-{index:02d}-r000-{position}")
+                    ),
+                )
+                for position, envelope in enumerate(log)
+            ]
+        )
+    return logs
+
+
+def cloned_log(n: int) -> tuple[list[bytes], int, int]:
+    """N encoded envelopes; also the template entry count and the number of clones per template."""
+    templates = template_logs()
+    template_entries = sum(len(log) for log in templates)
+    clones = -(-n // template_entries)
+    out: list[bytes] = []
+    for _, _, _, data in heapq.merge(*templates):
+        for clone in range(clones):
+            out.append(data.replace(TOKEN, b"-r%03d" % clone))
+        if len(out) >= n:
+            break
+    return out[:n], template_entries, clones
+
+
+class Timing:
+    """Wall-clock and CPU seconds (on a shared machine other processes inflate wall-clock time,
+    not the CPU time of this one)."""
+
+    def __init__(self, wall: float, cpu: float) -> None:
+        self.wall = wall
+        self.cpu = cpu
+
+
+def timed(work: Callable[[], object]) -> tuple[Timing, object]:
+    gc.collect()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    result = work()
+    return Timing(time.perf_counter() - start, time.process_time() - start_cpu), result
+
+
+def fold(projection: Projection, entries: Iterator[tuple[int, bytes]]) -> Projection:
+    apply = projection.apply
+    for seq, data in entries:
+        apply(seq, decode_envelope(data))
+    return projection
+
+
+def fold_decoded(decoded: list[Envelope]) -> Projection:
+    projection = metrics_projection()
+    apply = projection.apply
+    for seq, envelope in enumerate(decoded, start=1):
+        apply(seq, envelope)
+    return projection
+
+
+def main(n: int) -> None:
+    start = time.perf_counter()
+    encoded, template_entries, clones = cloned_log(n)
+    generated = time.perf_counter() - start
+    print(
+        f"log: {len(encoded):,} entries ({sum(map(len, encoded)) / len(encoded):.0f} B each): "
+        f"{TEMPLATES} simulated template nodes ({template_entries:,} entries) x {clones} clones "
+        f"= {TEMPLATES * clones} nodes; generated in {generated:.1f} s"
+    )
+    cut = int(len(encoded) * SNAPSHOT_AT)
+
+    def decode_all() -> None:
+        for data in encoded:
+            decode_envelope(data)
+
+    decode_s, _ = timed(decode_all)
+    decoded = [decode_envelope(data) for data in encoded]
+    gc.freeze()  # a million live envelopes would otherwise make every collection walk them
+
+    fold_only_s, _ = timed(lambda: fold_decoded(decoded))
+    decoded.clear()
+    gc.unfreeze()
+    zero_s, from_zero = timed(lambda: fold(metrics_projection(), enumerate(encoded, start=1)))
+    assert isinstance(from_zero, Projection)
+
+    head = fold(metrics_projection(), enumerate(encoded[:cut], start=1))
+    take_s, snapshot = timed(lambda: encode_snapshot(head.to_snapshot()))
+    assert isinstance(snapshot, bytes)
+
+    def resume() -> Projection:
+        projection = Projection.from_snapshot(decode_snapshot(snapshot))
+        return fold(projection, enumerate(encoded[cut:], start=cut + 1))
+
+    resume_s, resumed = timed(resume)
+    restore_s, _ = timed(lambda: Projection.from_snapshot(decode_snapshot(snapshot)))
+    assert isinstance(resumed, Projection)
+    assert resumed.state == from_zero.state
+    assert resumed.statistics == from_zero.statistics
+    assert resumed.last_seq == from_zero.last_seq == len(encoded)
+
+    total = len(encoded)
+    rows = [
+        ("decode only (JSON -> Envelope)", total, decode_s),
+        ("fold only (pre-decoded, with statistics)", total, fold_only_s),
+        ("rebuild from zero (decode + fold)", total, zero_s),
+        (f"resume from snapshot at {SNAPSHOT_AT:.0%} (load + rest)", total - cut, resume_s),
+        ("  of which: load the snapshot", 0, restore_s),
+        ("take the snapshot (encode)", 0, take_s),
+    ]
+    print(
+        f"snapshot: {len(snapshot) / 1e6:.2f} MB at sequence {cut:,}; "
+        f"{len(from_zero.state.pods):,} pods"
+    )
+    print()
+    print(
+        f"{'phase':<48} {'entries':>10} {'wall s':>8} {'cpu s':>8} {'entries/cpu-s':>14} "
+        f"{'x decode':>9}"
+    )
+    for name, entries, timing in rows:
+        rate = f"{entries / timing.cpu:,.0f}" if entries else "-"
+        print(
+            f"{name:<48} {entries:>10,} {timing.wall:>8.3f} {timing.cpu:>8.3f} {rate:>14} "
+            f"{timing.cpu / decode_s.cpu:>9.2f}"
+        )
+    print()
+    print(f"rebuild from zero / decode only (cpu): {zero_s.cpu / decode_s.cpu:.2f}")
+    print(f"resume from snapshot / rebuild from zero (cpu): {resume_s.cpu / zero_s.cpu:.3f}")
+    print("resumed projection == projection rebuilt from zero: yes")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)
