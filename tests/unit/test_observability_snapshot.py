@@ -80,6 +80,32 @@ def test_entries_already_covered_by_the_snapshot_are_not_applied_again(
     assert_same(resumed, from_zero)
 
 
+def node_of(entry: LogEntry) -> str | None:
+    _, envelope, node = entry
+    return node if envelope is None else envelope.event.node
+
+
+def test_a_snapshot_keeps_the_entries_applied_ahead_of_the_watermark(
+    log: list[LogEntry], from_zero: Projection
+) -> None:
+    """A decider folds its own entry before lower sequences of other nodes have arrived."""
+    k = next(
+        i
+        for i in range(len(log) // 2, len(log) - 2)
+        if log[i + 2][1] is not None
+        and node_of(log[i + 2]) not in (node_of(log[i]), node_of(log[i + 1]))
+    )
+    head = fold(log[:k], metrics_projection())
+    fold([log[k + 2]], head)
+    assert head.ahead == {log[k + 2][0]}
+
+    resumed = Projection.from_snapshot(decode_snapshot(encode_snapshot(head.to_snapshot())))
+    fold(log[k:], resumed)
+
+    assert resumed.ahead == set()
+    assert_same(resumed, from_zero)
+
+
 def test_a_snapshot_does_not_change_as_the_projection_goes_on(log: list[LogEntry]) -> None:
     projection = fold(log[:1000], metrics_projection())
     snapshot = projection.to_snapshot()
