@@ -77,8 +77,13 @@ def decode_envelope(data: bytes) -> Envelope:
             f"(it reads versions {min(UPCASTERS)}..{SCHEMA_VERSION})"
         )
     raw: RawEnvelope = msgspec.json.decode(data)
-    while raw.get("schema", SCHEMA_VERSION) < SCHEMA_VERSION:
-        raw = UPCASTERS[int(raw["schema"])](raw)
+    try:
+        while raw.get("schema", SCHEMA_VERSION) < SCHEMA_VERSION:
+            raw = UPCASTERS[int(raw["schema"])](raw)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EventDecodeError(
+            f"invalid version-{version} envelope, cannot upcast it: {exc!r}"
+        ) from exc
     try:
         return _decoder.decode(_encoder.encode(raw))
     except msgspec.DecodeError as exc:
