@@ -103,12 +103,22 @@ class ObservedApi:
     def __init__(self, api: KubernetesAsyncioApi, activity: Activity) -> None:
         self.api = api
         self._activity = activity
+        self.seen: set[str] = set()
+        """Names (nodes) and namespace/names (pods) the watches delivered."""
 
-    def watch_nodes(self) -> AsyncIterator[NodeChange | Synced]:
-        return self.api.watch_nodes()
+    async def watch_nodes(self) -> AsyncIterator[NodeChange | Synced]:
+        async for item in self.api.watch_nodes():
+            if not isinstance(item, Synced):
+                self.seen.add(item.object.name)
+            yield item
+            await self._announce()
 
-    def watch_pods(self) -> AsyncIterator[PodChange | Synced]:
-        return self.api.watch_pods()
+    async def watch_pods(self) -> AsyncIterator[PodChange | Synced]:
+        async for item in self.api.watch_pods():
+            if not isinstance(item, Synced):
+                self.seen.add(str(item.object.ref))
+            yield item
+            await self._announce()
 
     async def patch_node_status(self, name: str, patch: NodeStatusPatch) -> None:
         try:
@@ -315,4 +325,25 @@ async def policy_in_kubernetes_mode(
     async with await connect(server) as adapter:
         world = PolicyInKubernetesMode(server, adapter, settings)
         async with running(world.controllers.run()):
+            await watches_are_live(world)
             yield world
+
+
+async def watches_are_live(world: PolicyInKubernetesMode) -> None:
+    """Return once changes made from now on reach the controllers.
+
+    kmock has no resourceVersions: a watch opened after a change starts from the
+    objects as they are, so a deletion made between the list and the watch would
+    be missed (a real API server replays it from the list's resourceVersion).
+    A probe node and pod, created after both lists and seen through both
+    watches, prove the watches are open. Nothing gpupool manages: no label, no node.
+    """
+    await world.until(lambda: world.controllers.nodes.synced.is_set())
+    await kubectl(world.server, "POST", "/api/v1/nodes", {"metadata": {"name": "watch-probe"}})
+    await kubectl(
+        world.server,
+        "POST",
+        "/api/v1/namespaces/gpupool-probe/pods",
+        {"metadata": {"name": "watch-probe", "namespace": "gpupool-probe"}, "spec": {}},
+    )
+    await world.until(lambda: {"watch-probe", "gpupool-probe/watch-probe"} <= world.api.seen)

@@ -33,7 +33,12 @@ class KubernetesControllers:
         self.pods = PodDirectory()
         self.nodes = NodeController(api, submit, self.pods, settings=settings, clock=clock)
         self.pod_controller = PodController(
-            api, submit, self.pods, node_pods_changed=self.nodes.pods_changed, clock=clock
+            api,
+            submit,
+            self.pods,
+            node_pods_changed=self.nodes.pods_changed,
+            nodes_ready=self.nodes.synced.wait,
+            clock=clock,
         )
         self.preemptions = PreemptionRecorder(api, self.pods)
 

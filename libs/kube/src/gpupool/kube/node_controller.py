@@ -102,11 +102,14 @@ class NodeController:
         self._nodes: dict[str, Node] = {}
         self._last: dict[str, tuple[ConfigureNode, NodeOutcome]] = {}
         self._lock = asyncio.Lock()
+        self.synced = asyncio.Event()
+        """Set once every node of the first list has been reconciled."""
 
     async def run(self) -> None:
         """Follow the node watch forever."""
         async for item in self._api.watch_nodes():
             if isinstance(item, Synced):
+                self.synced.set()
                 continue
             try:
                 await self.on_change(item)

@@ -26,7 +26,15 @@ from gpupool.kube.pod_directory import (
     pod_manifest,
 )
 from gpupool.kube.port import KubernetesApi, SubmitCommand
-from gpupool.kube.records import Pod, PodChange, PodEvent, Synced, kube_time, pod_event_name
+from gpupool.kube.records import (
+    Change,
+    Pod,
+    PodChange,
+    PodEvent,
+    Synced,
+    kube_time,
+    pod_event_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,27 +49,49 @@ class PodController:
         pods: PodDirectory,
         *,
         node_pods_changed: NodePodsChanged | None = None,
+        nodes_ready: Callable[[], Awaitable[object]] | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._api = api
         self._submit = submit
         self._pods = pods
         self._node_pods_changed = node_pods_changed
+        self._nodes_ready = nodes_ready
         self._clock = clock
         self._seen: dict[str, PodManifest | Literal["removed"]] = {}
         """By pod UID (by namespace/name for a pod without one): what was last submitted."""
 
     async def run(self) -> None:
-        """Follow the pod watch forever, keeping the directory current."""
+        """Follow the pod watch forever, keeping the directory current.
+
+        Until the first list is complete (and the nodes it may need are configured,
+        ``nodes_ready``) pods only go into the directory; then every pod listed is
+        followed once, and every change after that as it comes.
+        """
         async for item in self._api.watch_pods():
             if isinstance(item, Synced):
-                self._pods.synced.set()
+                if not self._pods.synced.is_set():
+                    self._pods.synced.set()
+                    await self._follow_listed()
                 continue
             before = self._pods.apply(item)
+            if not self._pods.synced.is_set():
+                continue
             try:
                 await self.on_change(item, before)
             except Exception:
                 log.exception("pod %s: handling failed", item.object.ref)
+
+    async def _follow_listed(self) -> None:
+        if self._nodes_ready is not None:
+            await self._nodes_ready()
+        for pod in self._pods.all():
+            if not is_gpu_hpn(pod):
+                continue
+            try:
+                await self._follow_share_pod(Change(type="ADDED", object=pod))
+            except Exception:
+                log.exception("pod %s: handling failed", pod.ref)
 
     async def on_change(self, change: PodChange, before: Pod | None) -> None:
         pod = change.object

@@ -124,6 +124,9 @@ class PodDirectory:
         pod = self._pods.get(ref)
         return pod.metadata.uid if pod is not None else ""
 
+    def all(self) -> list[Pod]:
+        return list(self._pods.values())
+
     def on_node(self, node: str) -> list[Pod]:
         return [self._pods[ref] for ref in self._by_node.get(node, {})]
 
