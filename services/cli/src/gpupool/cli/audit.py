@@ -741,8 +741,14 @@ class _Verifier:
     def _released(self, entry: StoredEvent, event: Released, state: State) -> None:
         name = str(event.pod)
         pod = state.pods.get(event.pod)
-        opened = self.open_preemptions.pop(event.pod, None)
-        if event.reason == "preempted" and opened is None:
+        opened = self.open_preemptions.get(event.pod)
+        if opened is not None:
+            preempted = opened.envelope.event
+            assert isinstance(preempted, Preempted)
+            # The victim gives up the GPU it was preempted on (it may finish on its own first).
+            if event.reason == "preempted" or event.gpu_index == preempted.gpu_index:
+                del self.open_preemptions[event.pod]
+        elif event.reason == "preempted":
             self.violation(
                 entry, name, f"{event.pod} released as preempted, but no Preempted names it"
             )

@@ -146,9 +146,12 @@ def _source_name(args: argparse.Namespace) -> str:
 
 
 def file_entry(seq: int, line: bytes, *, subject_prefix: str) -> Entry:
-    """One line of a JSON-lines log as an entry with sequence ``seq``."""
+    """One line of a JSON-lines log as an entry with sequence ``seq``.
+
+    The subject is the one the event would have in JetStream; an unreadable line has none.
+    """
     data = line.rstrip(b"\r\n")
-    entry = read_entry(seq, f"{subject_prefix}.?.?", data)
+    entry = read_entry(seq, "", data)
     if isinstance(entry, StoredEvent):
         try:
             subject = subject_for(entry.envelope.event, prefix=subject_prefix)

@@ -70,7 +70,8 @@ def row(entry: Entry, origin: datetime | None) -> tuple[str, ...]:
             event_pod_column(event) or "-",
             event_details(event),
         )
-    return (str(entry.seq), "-", "-", UNDECODABLE_TYPE, "-", "-", f"{entry.subject}: {entry.error}")
+    where = f"{entry.subject}: " if entry.subject else ""
+    return (str(entry.seq), "-", "-", UNDECODABLE_TYPE, "-", "-", f"{where}{entry.error}")
 
 
 def format_rows(rows: list[tuple[str, ...]], widths: list[int]) -> list[str]:
