@@ -7,7 +7,9 @@ starts this script:
 
 1. creates the stream exactly as the services would, if it is missing;
 2. sets its replicas to ``GPUPOOL_STREAM_REPLICAS`` (an existing stream is scaled
-   up or down in place; nothing else of its configuration changes).
+   up or down in place; nothing else of its configuration changes);
+3. waits until every follower is current, so the service starts on a log that is
+   already replicated.
 
 Idempotent: a second run changes nothing. Failures are retried until
 ``GPUPOOL_STREAM_DEADLINE_S``: NATS not up yet, JetStream electing its meta leader,
@@ -32,12 +34,14 @@ import time
 import nats
 import nats.errors
 import nats.js.errors
+from nats.js import JetStreamContext
 
 from gpupool.eventlog import JetStreamEventLog
 from gpupool.eventlog.jetstream import DEFAULT_STREAM
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
 
 RETRY_PAUSE_S = (0.5, 1.0, 2.0, 5.0)
+REPLICATION_POLL_S = 0.25
 MAX_REPLICAS = 5
 """JetStream's limit on the replicas of a stream."""
 
@@ -52,8 +56,27 @@ def describe(exc: BaseException) -> str:
     return repr(exc)
 
 
-async def ensure_once(url: str, stream: str, subject_prefix: str, replicas: int) -> str:
-    """One attempt: create if missing, then set the replicas. Returns what was done."""
+async def wait_until_replicated(
+    js: JetStreamContext, stream: str, replicas: int, give_up_at: float
+) -> None:
+    """Until the stream has ``replicas - 1`` followers and all of them are current."""
+    while True:
+        info = await js.stream_info(stream)
+        followers = (info.cluster.replicas or []) if info.cluster else []
+        current = [peer for peer in followers if peer.current]
+        if len(current) >= replicas - 1:
+            return
+        if time.monotonic() >= give_up_at:
+            raise TimeoutError(
+                f"stream {stream}: {len(current)} of {replicas - 1} followers are current"
+            )
+        await asyncio.sleep(REPLICATION_POLL_S)
+
+
+async def ensure_once(
+    url: str, stream: str, subject_prefix: str, replicas: int, give_up_at: float
+) -> str:
+    """One attempt: create if missing, set the replicas, wait for them. Returns what was done."""
     log = await JetStreamEventLog.connect(
         url,
         stream=stream,
@@ -70,9 +93,12 @@ async def ensure_once(url: str, stream: str, subject_prefix: str, replicas: int)
         info = await js.stream_info(stream)
         current = info.config.num_replicas or 1
         if current == replicas:
-            return f"stream {stream} has {replicas} replica(s); nothing to do"
-        await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
-        return f"stream {stream}: replicas {current} -> {replicas}"
+            done = f"stream {stream} has {replicas} replica(s); nothing to do"
+        else:
+            await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
+            done = f"stream {stream}: replicas {current} -> {replicas}"
+        await wait_until_replicated(js, stream, replicas, give_up_at)
+        return done
     finally:
         await nc.close()
 
@@ -84,7 +110,7 @@ async def ensure(
     attempt = 0
     while True:
         try:
-            say(await ensure_once(url, stream, subject_prefix, replicas))
+            say(await ensure_once(url, stream, subject_prefix, replicas, give_up_at))
             return 0
         except (nats.errors.Error, ConnectionError, OSError, TimeoutError) as exc:
             # NATS not reachable yet, JetStream still electing its leaders, a timeout.
