@@ -18,6 +18,7 @@ import pytest
 
 from gpupool.events import (
     ALL_EVENT_TYPES,
+    NODELESS,
     SCHEMA_VERSION,
     Assigned,
     Envelope,
@@ -107,10 +108,10 @@ EXPECTED: dict[str, Event] = {
     ),
     "PodRemoved": PodRemoved(pod=DEMO, node=NODE),
     "MessageRejected": MessageRejected(
-        subject=f"gpupool.events.{NODE}.PodReady",
-        reason="not a gpupool envelope: JSON is malformed: invalid character (byte 0)",
+        subject="gpupool.log.cn-wulanchabu-c_cr-xxx.PodReady",
+        reason="not a gpupool envelope: JSON is malformed: invalid character (byte 4)",
         payload="not json",
-        node=NODE,
+        node=NODELESS,
     ),
 }
 
