@@ -43,6 +43,10 @@ StdioFds = tuple[int, int, int]
 class ExecutorUnavailable(ConnectionError):
     """There is no executor at the socket, or it went away before its last word."""
 
+    def __init__(self, message: str, *, after_connect: bool = False) -> None:
+        super().__init__(message)
+        self.after_connect = after_connect
+
 
 async def run_workload(
     socket_path: str | os.PathLike[str],
@@ -50,14 +54,47 @@ async def run_workload(
     *,
     on_message: Callable[[ExecutorMessage], None],
     fds: StdioFds = (0, 1, 2),
+    reconnect_seconds: float = 0.0,
 ) -> int:
     """Ask the executor at ``socket_path`` to run ``request`` with our ``fds`` as its stdio.
 
     Calls ``on_message`` for every message, then returns the exit code for ``gpupool run``
-    (see :mod:`gpupool.workload.messages`). Raises :class:`ExecutorUnavailable` when the
-    executor cannot be reached or hangs up early, :class:`ProtocolError` when it talks nonsense.
-    Cancelling this coroutine closes the connection, which the executor takes as "cancel".
+    (see :mod:`gpupool.workload.messages`). If the executor goes away before its last word
+    (it crashed or is being restarted), reconnect for up to ``reconnect_seconds`` and
+    *reattach* to the run in progress (the executor never starts it twice). Raises
+    :class:`ExecutorUnavailable` when the executor cannot be reached (again), and
+    :class:`ProtocolError` when it talks nonsense. Cancelling this coroutine closes the
+    connection, which the executor takes as "cancel".
     """
+    loop = asyncio.get_running_loop()
+    try:
+        return await _one_connection(socket_path, request, on_message, fds)
+    except ExecutorUnavailable as lost:
+        if not lost.after_connect or reconnect_seconds <= 0:
+            raise
+        deadline = loop.time() + reconnect_seconds
+        last = lost
+    reattach = msgspec.structs.replace(request, reattach=True)
+    while loop.time() < deadline:
+        try:
+            return await _one_connection(socket_path, reattach, on_message, fds)
+        except ExecutorUnavailable as error:
+            last = error
+            await asyncio.sleep(RECONNECT_INTERVAL_SECONDS)  # back off before the next attempt
+    raise ExecutorUnavailable(f"{last} (gave up reconnecting after {reconnect_seconds:.0f}s)")
+
+
+RECONNECT_INTERVAL_SECONDS = 0.2
+DEFAULT_RECONNECT_SECONDS = 60.0
+"""How long ``gpupool run`` keeps trying to reattach after losing the node-executor."""
+
+
+async def _one_connection(
+    socket_path: str | os.PathLike[str],
+    request: RunRequest,
+    on_message: Callable[[ExecutorMessage], None],
+    fds: StdioFds,
+) -> int:
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
@@ -75,9 +112,13 @@ async def run_workload(
             try:
                 line = await reader.readline()
             except (ConnectionError, ValueError) as error:
-                raise ExecutorUnavailable(f"lost the node-executor: {error}") from error
+                raise ExecutorUnavailable(
+                    f"lost the node-executor: {error}", after_connect=True
+                ) from error
             if not line.endswith(b"\n"):
-                raise ExecutorUnavailable("the node-executor hung up before the command ended")
+                raise ExecutorUnavailable(
+                    "the node-executor hung up before the command ended", after_connect=True
+                )
             message = decode_executor_message(line)
             on_message(message)
             if isinstance(message, Exited | Rejected):
@@ -93,6 +134,7 @@ class RunInvocation(msgspec.Struct, frozen=True, kw_only=True):
     argv: list[str]
     requeue: bool
     socket_path: str
+    reconnect_seconds: float = 60.0
 
 
 class UsageError(ValueError):
@@ -100,7 +142,8 @@ class UsageError(ValueError):
 
 
 RUN_USAGE = (
-    "usage: gpupool run --pod NAME [--namespace NS] [--requeue] [--socket PATH] -- CMD [ARG...]"
+    "usage: gpupool run --pod NAME [--namespace NS] [--requeue] [--socket PATH]"
+    " [--reconnect-seconds S] -- CMD [ARG...]"
 )
 
 
@@ -118,7 +161,7 @@ def parse_run_arguments(args: Sequence[str], environ: Mapping[str, str]) -> RunI
             requeue = True
             continue
         name, equals, value = word.partition("=")
-        if name not in ("--pod", "--namespace", "--socket"):
+        if name not in ("--pod", "--namespace", "--socket", "--reconnect-seconds"):
             if not word.startswith("-"):
                 rest.insert(0, word)
                 break
@@ -133,7 +176,12 @@ def parse_run_arguments(args: Sequence[str], environ: Mapping[str, str]) -> RunI
         raise UsageError("--pod NAME is required")
     if not rest:
         raise UsageError("no command given after --")
+    try:
+        reconnect = float(values.get("--reconnect-seconds", DEFAULT_RECONNECT_SECONDS))
+    except ValueError as error:
+        raise UsageError("--reconnect-seconds needs a number of seconds") from error
     return RunInvocation(
+        reconnect_seconds=reconnect,
         pod=PodRef(
             namespace=values.get("--namespace") or environ.get("POD_NAMESPACE") or "default",
             name=pod_name,
@@ -173,7 +221,11 @@ def run_main(
     try:
         return asyncio.run(
             run_workload(
-                invocation.socket_path, request, on_message=ConsoleReporter(out, err), fds=fds
+                invocation.socket_path,
+                request,
+                on_message=ConsoleReporter(out, err),
+                fds=fds,
+                reconnect_seconds=invocation.reconnect_seconds,
             )
         )
     except (ExecutorUnavailable, ProtocolError) as error:

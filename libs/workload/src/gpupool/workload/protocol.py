@@ -33,6 +33,8 @@ class RunRequest(msgspec.Struct, frozen=True, kw_only=True, tag="RunRequest"):
     env: dict[str, str]
     requeue: bool = False
     """When preempted, queue again instead of exiting."""
+    reattach: bool = False
+    """Sent again after losing the executor: continue the run in progress, never start a new one."""
 
 
 class Waiting(msgspec.Struct, frozen=True, kw_only=True, tag="Waiting"):

@@ -121,6 +121,22 @@ class LocalStack:
                 log_path=self.logs_dir / f"{name}.log",
             )
 
+    async def start_replica(self, name: str, instance: str) -> ServiceProcess:
+        """Another replica of a service (its own durable consumer, port and log)."""
+        port = free_port()
+        args = self._command(name, port)
+        args[args.index("--instance") + 1] = instance
+        replica = ServiceProcess(
+            name=f"{name}-{instance}",
+            args=args,
+            port=port,
+            log_path=self.logs_dir / f"{name}-{instance}.log",
+        )
+        self.services[replica.name] = replica
+        await replica.start(self._env())
+        await self.wait_ready([replica.name])
+        return replica
+
     def _command(self, name: str, port: int) -> list[str]:
         s = self.settings
         args = [
@@ -139,7 +155,14 @@ class LocalStack:
         if name == "policy":
             args += ["--cluster", str(s.cluster_file)]
         if name == "node-executor":
-            args += ["--node-name", s.node, "--socket", str(self.socket_path)]
+            args += [
+                "--node-name",
+                s.node,
+                "--socket",
+                str(self.socket_path),
+                "--state-dir",
+                str(s.state_dir / "node-executor"),
+            ]
             if s.simulate_gpus is not None:
                 args += ["--simulate-gpus", str(s.simulate_gpus)]
             if s.message_period is not None:
@@ -166,8 +189,8 @@ class LocalStack:
         await self.services[name].stop(kill=True)
 
     async def stop(self) -> None:
-        # the executor first: it ends workloads; then the deciders
-        for name in reversed(SERVICES):
+        # the executor first: it ends workloads; then the deciders (and any extra replicas)
+        for name in reversed(list(self.services)):
             await self.services[name].stop()
 
     async def wait_ready(self, names: Sequence[str], within: float = READY_TIMEOUT_S) -> None:

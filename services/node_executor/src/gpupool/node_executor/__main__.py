@@ -8,61 +8,42 @@ import os
 import sys
 from pathlib import Path
 
-from gpupool.gpus import (
-    GpuSampler,
-    Inventory,
-    NvmlSampler,
-    NvmlUnavailable,
-    SimulatedSampler,
-    discover_nvml,
-    simulated_inventory,
-)
-from gpupool.node_executor.service import NodeExecutor
+from gpupool.node_executor.inventory import NoGpuInventory, sampler_for, select_inventory
+from gpupool.node_executor.processes import ProcessSupervisor
+from gpupool.node_executor.service import DEFAULT_REATTACH_SECONDS, NodeExecutor
 from gpupool.runtime.metrics import executor_registry
 from gpupool.runtime.service import add_common_arguments, common_options, run_service, serve
 
 DEFAULT_SOCKET = "/run/gpupool/gpupool.sock"
-
-
-def choose_inventory(
-    node: str, simulate_gpus: int | None, memory_mib: int
-) -> tuple[Inventory, GpuSampler]:
-    """Real GPUs from NVML; simulated ones only when asked for, and then said loudly."""
-    if simulate_gpus is not None:
-        inventory = simulated_inventory(simulate_gpus, node=node, memory_mib=memory_mib)
-        print(
-            f"gpupool node-executor: SIMULATED GPUs on {node} (asked for with --simulate-gpus): "
-            f"{inventory.describe()}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return inventory, SimulatedSampler(inventory)
-    try:
-        inventory = discover_nvml()
-    except NvmlUnavailable as error:
-        print(
-            f"gpupool node-executor: no GPUs: NVML is unavailable ({error.reason}). "
-            "Refusing to start. To run without GPUs for testing, pass --simulate-gpus N "
-            "(the inventory is then reported as simulated).",
-            file=sys.stderr,
-        )
-        raise SystemExit(3) from error
-    return inventory, NvmlSampler(inventory)
+DEFAULT_STATE_DIR = "/var/lib/gpupool/node-executor"
 
 
 def main() -> None:
+    env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m gpupool.node_executor", description=__doc__)
     add_common_arguments(parser, default_port=9104)
     parser.add_argument(
         "--node-name",
-        default=os.environ.get("GPUPOOL_NODE_NAME"),
+        default=env("GPUPOOL_NODE_NAME"),
         help="this node's name (env GPUPOOL_NODE_NAME; in Kubernetes: spec.nodeName)",
     )
     parser.add_argument(
         "--socket",
         type=Path,
-        default=Path(os.environ.get("GPUPOOL_SOCKET", DEFAULT_SOCKET)),
+        default=Path(env("GPUPOOL_SOCKET", DEFAULT_SOCKET)),
         help=f"Unix socket for workloads (env GPUPOOL_SOCKET; default {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(env("GPUPOOL_STATE_DIR", DEFAULT_STATE_DIR)),
+        help="workload records that let a restarted executor adopt running jobs",
+    )
+    parser.add_argument(
+        "--reattach-seconds",
+        type=float,
+        default=DEFAULT_REATTACH_SECONDS,
+        help="after a restart, how long a waiting pod keeps its place for its client",
     )
     parser.add_argument(
         "--simulate-gpus",
@@ -81,16 +62,30 @@ def main() -> None:
         parser.error("--node-name (or GPUPOOL_NODE_NAME) is required")
     if args.simulate_gpus is not None and args.simulate_gpus < 1:
         parser.error("--simulate-gpus must be at least 1")
-    inventory, sampler = choose_inventory(
-        args.node_name, args.simulate_gpus, args.simulated_gpu_memory_mib
-    )
+    try:
+        inventory = select_inventory(
+            node=args.node_name,
+            simulate_gpus=args.simulate_gpus,
+            simulated_memory_mib=args.simulated_gpu_memory_mib,
+        )
+    except NoGpuInventory as error:
+        print(f"gpupool node-executor: {error}", file=sys.stderr)
+        raise SystemExit(3) from error
+    if inventory.simulated:
+        print(
+            f"gpupool node-executor: SIMULATED GPUs: {inventory.describe()}",
+            file=sys.stderr,
+            flush=True,
+        )
     args.socket.parent.mkdir(parents=True, exist_ok=True)
     service = NodeExecutor(
         node=args.node_name,
         inventory=inventory,
         socket_path=args.socket,
-        sampler=sampler,
+        sampler=sampler_for(inventory),
+        supervisor=ProcessSupervisor(records_dir=args.state_dir / "workloads"),
         message_period_seconds=args.message_period,
+        reattach_seconds=args.reattach_seconds,
     )
 
     async def run(stop: asyncio.Event) -> None:

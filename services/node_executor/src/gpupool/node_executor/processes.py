@@ -1,5 +1,11 @@
 """Starting workloads as process groups and ending them, grandchildren included.
 
+With a records directory, a workload is started through the shim
+(:mod:`gpupool.node_executor.shim`) and recorded on disk (pod, pid, start time,
+status file): a node-executor that crashed and restarted *adopts* the workloads
+of its predecessor — it waits for them through pidfds and reads their exit status
+from the shim's status file — so a running job survives an executor crash.
+
 A workload is started with ``start_new_session=True``: it leads a new session and process
 group whose id is its pid. Ending it sends SIGTERM to the group, SIGKILL after the grace
 period if anything of it is still alive, and then *confirms* it is gone by scanning ``/proc``
@@ -13,7 +19,9 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -34,15 +42,97 @@ class WorkloadStartFailed(RuntimeError):
 
 
 class Workload:
-    """A started command: the leader of its own session and process group (``pid`` == pgid == sid)."""
+    """A started command: the leader of its own session and process group (``pid`` == pgid == sid).
 
-    def __init__(self, pod: PodRef, process: asyncio.subprocess.Process) -> None:
+    ``process`` is set when this executor started it; an adopted workload (started by an
+    executor that crashed) has only its pid and the shim's status file.
+    """
+
+    def __init__(
+        self,
+        pod: PodRef,
+        pid: int,
+        *,
+        process: asyncio.subprocess.Process | None = None,
+        status_file: Path | None = None,
+        record: Path | None = None,
+    ) -> None:
         self.pod = pod
+        self.pid = pid
         self.process = process
-        self.pid = process.pid
+        self.status_file = status_file
+        self.record = record
+        self._exit_code: int | None = None
+
+    @property
+    def adopted(self) -> bool:
+        return self.process is None
+
+    async def wait_exit(self) -> int:
+        """The exit code in the shell's form, once the leader has exited."""
+        if self._exit_code is None:
+            if self.process is not None:
+                self._exit_code = shell_exit_code(await self.process.wait())
+            else:
+                self._exit_code = await _wait_adopted(self.pid, self.status_file)
+        return self._exit_code
+
+    def forget(self) -> None:
+        """Remove its record and status file once its end has been recorded."""
+        for path in (self.record, self.status_file):
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
 
     def __repr__(self) -> str:
-        return f"Workload(pod={self.pod.key!r}, pid={self.pid})"
+        return f"Workload(pod={self.pod.key!r}, pid={self.pid}, adopted={self.adopted})"
+
+
+class WorkloadRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What survives an executor crash: enough to find the workload again and read its end."""
+
+    pod: PodRef
+    pid: int
+    start_ticks: int
+    """Field 22 of /proc/<pid>/stat: tells the shim from a later process that reused its pid."""
+    status_file: str
+
+
+def process_start_ticks(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    return int(fields[19])
+
+
+def read_status(status_file: Path | None) -> int | None:
+    if status_file is None:
+        return None
+    try:
+        return int(status_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+async def _wait_adopted(pid: int, status_file: Path | None) -> int:
+    """Wait for a process that is not our child, then read the status the shim wrote.
+
+    No status means the shim itself was killed before it could write one, which only
+    SIGKILL does (it catches the others): 128 + 9.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pidfd = None
+    if pidfd is not None:
+        try:
+            fields = _stat_fields(pid)
+            if fields is not None and fields[0] not in ("Z", "X"):
+                await _exited(pidfd)
+        finally:
+            os.close(pidfd)
+    code = read_status(status_file)
+    return 128 + signal.SIGKILL if code is None else code
 
 
 EndedBy = Literal["exited", "SIGTERM", "SIGKILL"]
@@ -165,10 +255,46 @@ async def wait_group_gone(leader: int, within_seconds: float) -> list[int]:
 
 
 class ProcessSupervisor:
-    """Starts, waits for and ends workloads. One per node-executor."""
+    """Starts, waits for and ends workloads. One per node-executor.
 
-    def __init__(self, *, kill_confirm_seconds: float = DEFAULT_KILL_CONFIRM_SECONDS) -> None:
+    With ``records_dir``, workloads run under the shim and are recorded there, so that
+    :meth:`adopt` can take them over after a crash; without it they are started directly
+    (and die with nobody to record their end if the executor crashes).
+    """
+
+    def __init__(
+        self,
+        *,
+        kill_confirm_seconds: float = DEFAULT_KILL_CONFIRM_SECONDS,
+        records_dir: Path | None = None,
+    ) -> None:
         self._kill_confirm_seconds = kill_confirm_seconds
+        self.records_dir = records_dir
+        if records_dir is not None:
+            records_dir.mkdir(parents=True, exist_ok=True)
+
+    def _paths(self, pod: PodRef) -> tuple[Path, Path]:
+        assert self.records_dir is not None
+        stem = f"{pod.namespace}.{pod.name}"
+        return self.records_dir / f"{stem}.json", self.records_dir / f"{stem}.status"
+
+    def adopt(self) -> list[Workload]:
+        """The workloads a crashed predecessor recorded (alive or already ended)."""
+        if self.records_dir is None:
+            return []
+        adopted = []
+        for record_path in sorted(self.records_dir.glob("*.json")):
+            try:
+                record = msgspec.json.decode(record_path.read_bytes(), type=WorkloadRecord)
+            except (OSError, msgspec.DecodeError):
+                record_path.unlink(missing_ok=True)
+                continue
+            status = Path(record.status_file)
+            pid = record.pid
+            if process_start_ticks(pid) != record.start_ticks:
+                pid = -1  # gone (or its pid reused): only the status file can tell its end
+            adopted.append(Workload(record.pod, pid, status_file=status, record=record_path))
+        return adopted
 
     async def start(
         self,
@@ -188,11 +314,25 @@ class ProcessSupervisor:
         identity: dict[str, object] = {}
         if run_as is not None and run_as != (os.getuid(), os.getgid()):
             identity = {"user": run_as[0], "group": run_as[1], "extra_groups": []}
+        record_path: Path | None = None
+        status_file: Path | None = None
+        command = list(argv)
+        if self.records_dir is not None and argv:
+            record_path, status_file = self._paths(pod)
+            status_file.unlink(missing_ok=True)
+            command = [
+                sys.executable,
+                "-m",
+                "gpupool.node_executor.shim",
+                str(status_file),
+                "--",
+                *argv,
+            ]
         try:
             if not argv:
                 raise ValueError("empty command")
             process = await asyncio.create_subprocess_exec(
-                *argv,
+                *command,
                 stdin=fds[0],
                 stdout=fds[1],
                 stderr=fds[2],
@@ -203,16 +343,28 @@ class ProcessSupervisor:
             )
         except (OSError, ValueError) as error:
             raise WorkloadStartFailed(argv, error) from error
-        return Workload(pod, process)
+        if record_path is not None and status_file is not None:
+            record = WorkloadRecord(
+                pod=pod,
+                pid=process.pid,
+                start_ticks=process_start_ticks(process.pid) or 0,
+                status_file=str(status_file),
+            )
+            temporary = record_path.with_suffix(".tmp")
+            temporary.write_bytes(msgspec.json.encode(record))
+            os.replace(temporary, record_path)
+        return Workload(
+            pod, process.pid, process=process, status_file=status_file, record=record_path
+        )
 
     async def wait(self, workload: Workload) -> int:
         """The leader's exit code once it exits (128 + signal when a signal ended it)."""
-        return shell_exit_code(await workload.process.wait())
+        return await workload.wait_exit()
 
     async def terminate(self, workload: Workload, grace_seconds: float) -> Termination:
         """SIGTERM the group, SIGKILL what is left after ``grace_seconds``, confirm it is gone."""
         leader = workload.pid
-        if not group_members(leader):
+        if leader < 0 or not group_members(leader):
             return Termination(ended_by="exited", exit_code=await self.wait(workload))
         _signal_group(leader, signal.SIGTERM)
         ended_by: EndedBy = "SIGTERM"

@@ -1,12 +1,14 @@
 """The node-executor service: the only part of gpupool that touches processes and GPUs.
 
 It publishes the node's GPU inventory, serves workloads on a Unix socket, and
-turns the log's decisions into actions on real processes:
+turns the log's decisions into actions on real processes. One *session* per pod
+on this node follows the pod through its life here:
 
 * a workload connects (``gpupool run``): RequestGpu → PodReady (or PodRejected,
   answered as Rejected); while the pod waits, the true seconds waited (from the
   log's PodReady time) and its position are sent every period;
-* Assigned for it: the command starts with its one GPU and its limits;
+* Assigned for it: the command starts (through the shim) with its one GPU and
+  its limits;
 * the command exits: ReportRelease → Released(completed | failed, exit code);
 * Preempted for it: SIGTERM to the process group, SIGKILL after the grace
   period, the group confirmed gone, then Released(preempted); the client is told
@@ -15,6 +17,12 @@ turns the log's decisions into actions on real processes:
 * the pod is deleted (PodRemoved): the command is ended;
 * with NVML, a pod whose processes hold more GPU memory than its limit is ended
   and released as out-of-memory.
+
+A crash of the executor loses nothing: sessions live in the log and the
+workload records; a restarted executor adopts running commands (their shims
+keep them alive and record their exit status), keeps waiting pods in place for
+``reattach_seconds`` while their clients reconnect, and releases what nobody
+comes back for.
 """
 
 from __future__ import annotations
@@ -22,23 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpupool.core import (
-    PodState,
-    ReportInventory,
-    ReportRelease,
-    RequestGpu,
-    queue_positions,
-)
+from gpupool.core import PodState, ReportInventory, ReportRelease, RequestGpu, queue_positions
 from gpupool.eventlog.port import StoredEvent
-from gpupool.events import (
-    PodRef,
-    PodRejected,
-    Preempted,
-    ReleaseReason,
-    event_pod,
-)
+from gpupool.events import PodRef, PodRejected, ReleaseReason
 from gpupool.gpus import GpuSampler, Inventory
 from gpupool.node_executor.environment import memory_limit_bytes, workload_environment
 from gpupool.node_executor.memory_guard import GuardedWorkload, MemoryOverrun, guard_memory
@@ -50,12 +47,50 @@ from gpupool.node_executor.processes import (
 )
 from gpupool.node_executor.workload_socket import Channel, WorkloadSocketServer
 from gpupool.runtime.decider import DeciderLoop
-from gpupool.workload import Exited, Rejected, RunRequest, Started, StdioFds, Waiting
+from gpupool.workload import (
+    ExecutorMessage,
+    Exited,
+    Rejected,
+    RunRequest,
+    Started,
+    StdioFds,
+    Waiting,
+)
 from gpupool.workload import Preempted as PreemptedNotice
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_GUARD_PERIOD_SECONDS = 1.0
+DEFAULT_REATTACH_SECONDS = 60.0
+"""How long a restarted executor keeps a pod's place for its client to reconnect."""
+
+
+@dataclass(eq=False)
+class PodSession:
+    """One pod's life on this node; outlives connections (clients may reconnect)."""
+
+    pod: PodRef
+    request: RunRequest | None = None
+    channel: Channel | None = None
+    fds: StdioFds | None = None
+    workload: Workload | None = None
+    change: asyncio.Event = field(default_factory=asyncio.Event)
+    attached: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def client_left(self) -> bool:
+        """The client connected and then went away (not: has not reconnected yet)."""
+        return self.channel is not None and self.channel.client_gone
+
+    last_word: ExecutorMessage | None = None
+
+    async def send(self, message: ExecutorMessage) -> None:
+        if isinstance(message, Exited | Rejected):
+            self.last_word = message
+        if self.channel is not None and not self.channel.client_gone:
+            await self.channel.send(message)
 
 
 class NodeExecutor:
@@ -71,6 +106,7 @@ class NodeExecutor:
         supervisor: ProcessSupervisor | None = None,
         message_period_seconds: float | None = None,
         memory_guard_period_seconds: float = DEFAULT_MEMORY_GUARD_PERIOD_SECONDS,
+        reattach_seconds: float = DEFAULT_REATTACH_SECONDS,
     ) -> None:
         self.node = node
         self.inventory = inventory
@@ -79,11 +115,12 @@ class NodeExecutor:
         self.supervisor = supervisor if supervisor is not None else ProcessSupervisor()
         self.message_period_override = message_period_seconds
         self.memory_guard_period = memory_guard_period_seconds
+        self.reattach_seconds = reattach_seconds
         self._loop: DeciderLoop | None = None
-        self._changes: dict[PodRef, asyncio.Event] = {}
-        self._workloads: dict[PodRef, Workload] = {}
-        self._attached: set[PodRef] = set()
+        self._sessions: dict[PodRef, PodSession] = {}
         self._oom: dict[PodRef, MemoryOverrun] = {}
+        self._outcomes: dict[PodRef, ExecutorMessage] = {}
+        """Last words of sessions that ended while their client was away, for when it reattaches."""
 
     # ------------------------------------------------------------------ service
 
@@ -92,13 +129,18 @@ class NodeExecutor:
         assert self._loop is not None, "the executor has not started"
         return self._loop
 
+    @property
+    def sessions(self) -> dict[PodRef, PodSession]:
+        return self._sessions
+
     async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
         self._loop = loop
         await loop.execute(
             ReportInventory(node=self.node, gpus=self.inventory.gpus, source=self.inventory.source),
             node=self.node,
         )
-        await self._release_orphans()
+        stack.push_async_callback(self._stop_sessions)
+        await self._recover()
         server = WorkloadSocketServer(self.socket_path, self)
         await server.start()
         stack.push_async_callback(server.close)
@@ -120,47 +162,135 @@ class NodeExecutor:
                 await guard
 
         stack.push_async_callback(stop_guard)
-        stack.push_async_callback(self._end_all_workloads)
 
     async def react(self, entry: StoredEvent) -> None:
         event = entry.envelope.event
         if event.node != self.node:
             return
-        pod = event_pod(event)
-        if pod is not None:
-            self._notify(pod)
-        if isinstance(event, Preempted):
-            self._notify(event.preemptor)
-        # positions of every waiter may have changed
-        for waiter in list(self._changes):
-            if waiter != pod:
-                self._changes[waiter].set()
+        # any event on the node may change a waiter's position: wake every session
+        for session in self._sessions.values():
+            session.change.set()
 
-    def _notify(self, pod: PodRef) -> None:
-        change = self._changes.get(pod)
-        if change is not None:
-            change.set()
-
-    async def _release_orphans(self) -> None:
-        """Pods the log says run here, but no process of this executor runs: an earlier
-        executor died with them. Their clients are gone; record them as failed."""
-        for pod in self.loop.projection.state.pods_on(self.node):
-            if pod.policy == "share-pool" and pod.phase in ("running", "ready"):
-                reason: ReleaseReason = "failed" if pod.phase == "running" else "cancelled"
+    async def _recover(self) -> None:
+        """Take over what an earlier executor left: adopt its workloads, keep waiters' places."""
+        state = self.loop.projection.state
+        for workload in self.supervisor.adopt():
+            pod = state.pods.get(workload.pod)
+            if pod is None or pod.phase != "running":
                 log.warning(
-                    "node-executor: %s was %s under an earlier executor; releasing (%s)",
-                    pod.ref,
-                    pod.phase,
-                    reason,
+                    "node-executor: %s's recorded workload is not running in the log; ending it",
+                    workload.pod,
                 )
-                await self._release(pod.ref, reason, None)
+                await self.supervisor.terminate(workload, self._grace_seconds())
+                workload.forget()
+                continue
+            log.info(
+                "node-executor: adopting %s (pid %d) from an earlier executor",
+                workload.pod,
+                workload.pid,
+            )
+            self._spawn(PodSession(pod=workload.pod, workload=workload))
+        for pod in state.pods_on(self.node):
+            if pod.policy != "share-pool" or pod.ref in self._sessions:
+                continue
+            if pod.phase == "ready":
+                log.info(
+                    "node-executor: keeping %s's place for %.0fs while its client reconnects",
+                    pod.ref,
+                    self.reattach_seconds,
+                )
+                self._spawn(PodSession(pod=pod.ref))
+            elif pod.phase == "running":
+                log.warning(
+                    "node-executor: %s runs in the log but no workload of it is known here; "
+                    "recording it as failed",
+                    pod.ref,
+                )
+                await self._release(pod.ref, "failed", None)
 
-    async def _end_all_workloads(self) -> None:
-        for pod, workload in list(self._workloads.items()):
-            log.info("node-executor: stopping, ending %s", pod)
-            await self.supervisor.terminate(workload, self._grace_seconds())
+    async def _stop_sessions(self) -> None:
+        """Graceful stop: end every workload, record it, tell its client."""
+        for session in list(self._sessions.values()):
+            if session.task is not None:
+                session.task.cancel()
+        for session in list(self._sessions.values()):
+            if session.task is not None:
+                with suppress(asyncio.CancelledError):
+                    await session.task
+            workload = session.workload
+            if workload is not None:
+                log.info("node-executor: stopping, ending %s", session.pod)
+                termination = await self.supervisor.terminate(workload, self._grace_seconds())
+                await self._release(session.pod, "cancelled", termination.exit_code)
+                workload.forget()
+                await session.send(Exited(exit_code=termination.exit_code, reason="cancelled"))
+            elif (pod := self._pod(session.pod)) is not None and pod.phase == "ready":
+                await self._release(session.pod, "cancelled", None)
+                await session.send(Exited(exit_code=0, reason="cancelled"))
 
-    # ------------------------------------------------------------------ workloads
+    def _spawn(self, session: PodSession) -> None:
+        self._sessions[session.pod] = session
+        session.task = asyncio.create_task(self._lifecycle(session), name=f"pod-{session.pod}")
+
+    # ------------------------------------------------------------------ connections
+
+    async def handle(self, request: RunRequest, fds: StdioFds, channel: Channel) -> None:
+        pod = request.pod
+        session = self._sessions.get(pod)
+        if session is not None:
+            if session.channel is not None and not session.channel.client_gone:
+                await channel.send(
+                    Rejected(
+                        reason="AlreadyAttached", message=f"pod {pod} already has a client here"
+                    )
+                )
+                return
+            log.info("node-executor: client of %s reattached", pod)
+            if session.request is None:
+                session.request = request
+            session.channel, session.fds = channel, fds
+            session.attached.set()
+            session.change.set()
+            state = self._pod(pod)
+            if session.workload is not None and state is not None and state.gpu_index is not None:
+                await channel.send(
+                    Started(
+                        gpu_index=state.gpu_index,
+                        gpu_uuid=state.gpu_uuid,
+                        pid=session.workload.pid,
+                    )
+                )
+        elif request.reattach:
+            outcome = self._outcomes.pop(pod, None)
+            if outcome is None:
+                outcome = Rejected(
+                    reason="NothingToReattach",
+                    message=f"pod {pod} has no run on this node to reattach to",
+                )
+            await channel.send(outcome)
+            return
+        else:
+            self._outcomes.pop(pod, None)
+            session = PodSession(pod=pod, request=request, channel=channel, fds=fds)
+            session.attached.set()
+            self._spawn(session)
+        await self._serve_until_done(session, channel)
+
+    async def _serve_until_done(self, session: PodSession, channel: Channel) -> None:
+        """Keep the connection (and its fds) while the session runs; report the client leaving."""
+        gone = asyncio.create_task(channel.wait_client_gone())
+        finished = asyncio.create_task(session.finished.wait())
+        try:
+            await asyncio.wait({gone, finished}, return_when=asyncio.FIRST_COMPLETED)
+            if gone.done():
+                session.change.set()
+                # the lifecycle decides what the departure means; wait for it to act on it
+                await session.finished.wait()
+        finally:
+            gone.cancel()
+            finished.cancel()
+
+    # ------------------------------------------------------------------ a pod's life
 
     def _pod(self, ref: PodRef) -> PodState | None:
         return self.loop.projection.state.pods.get(ref)
@@ -181,80 +311,81 @@ class NodeExecutor:
             node=self.node,
         )
 
-    async def handle(self, request: RunRequest, fds: StdioFds, channel: Channel) -> None:
-        pod = request.pod
-        if pod in self._attached:
-            await channel.send(
-                Rejected(reason="AlreadyAttached", message=f"pod {pod} already has a workload here")
-            )
-            return
-        self._attached.add(pod)
-        change = self._changes.setdefault(pod, asyncio.Event())
+    async def _lifecycle(self, session: PodSession) -> None:
         try:
-            while True:
-                outcome = await self._one_run(request, fds, channel, change)
-                if outcome != "requeue":
-                    return
+            while await self._step(session):
+                pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.exception("node-executor: session of %s failed", session.pod)
+            await session.send(Rejected(reason="internal-error", message=str(error)))
         finally:
-            self._attached.discard(pod)
-            self._changes.pop(pod, None)
+            session.finished.set()
+            if self._sessions.get(session.pod) is session:
+                del self._sessions[session.pod]
+            if session.last_word is not None and (session.channel is None or session.client_left):
+                self._outcomes[session.pod] = session.last_word
 
-    async def _one_run(
-        self, request: RunRequest, fds: StdioFds, channel: Channel, change: asyncio.Event
-    ) -> str:
-        pod = request.pod
-        events = await self.loop.execute(RequestGpu(pod=pod, node=self.node), node=self.node)
-        rejected = next((e for e in events if isinstance(e, PodRejected)), None)
-        if rejected is not None:
-            await channel.send(Rejected(reason=rejected.reason, message=rejected.message))
-            return "done"
-        state = self._pod(pod)
+    async def _step(self, session: PodSession) -> bool:
+        """Advance the session by one stage; False when it is over."""
+        state = self._pod(session.pod)
         if state is None:
-            await channel.send(
-                Rejected(reason="UnknownPod", message=f"pod {pod} is not registered")
+            if session.workload is not None:
+                await self._end(session, "cancelled", tell_client=True)
+                return False
+            await session.send(
+                Rejected(reason="UnknownPod", message=f"pod {session.pod} is not registered here")
             )
-            return "done"
-        if state.phase != "running" and not await self._wait_for_gpu(pod, channel, change):
-            return "done"
-        return await self._run_command(request, fds, channel, change)
+            return False
+        if session.workload is not None:
+            return await self._supervise(session)
+        if state.phase == "dormant":
+            if session.channel is None or session.client_left:
+                return False
+            events = await self.loop.execute(
+                RequestGpu(pod=session.pod, node=self.node), node=self.node
+            )
+            rejected = next((e for e in events if isinstance(e, PodRejected)), None)
+            if rejected is not None:
+                await session.send(Rejected(reason=rejected.reason, message=rejected.message))
+                return False
+            return True
+        if state.phase == "ready":
+            return await self._wait_for_gpu(session)
+        return await self._start(session, state)
 
-    async def _wait_for_gpu(self, pod: PodRef, channel: Channel, change: asyncio.Event) -> bool:
+    async def _wait_for_change(self, session: PodSession, within: float | None) -> None:
+        session.change.clear()
+        with suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await session.change.wait()
+
+    async def _wait_for_gpu(self, session: PodSession) -> bool:
         """Tell the client its true wait and position every period until the pod runs."""
-        gone = asyncio.create_task(channel.wait_client_gone())
-        try:
-            loop = asyncio.get_running_loop()
-            next_message = loop.time() + self._message_period()  # the first after one period
-            while True:
-                state = self._pod(pod)
-                if state is None:
-                    await channel.send(Exited(exit_code=0, reason="cancelled"))
-                    return False
-                if state.phase == "running":
-                    return True
-                if state.phase == "dormant":  # released while waiting (e.g. cancelled elsewhere)
-                    await channel.send(Exited(exit_code=0, reason="cancelled"))
-                    return False
-                if loop.time() >= next_message:
-                    await channel.send(self._waiting(state))
-                    next_message = loop.time() + self._message_period()
-                change.clear()
-                changed = asyncio.create_task(change.wait())
-                done, _ = await asyncio.wait(
-                    {changed, gone},
-                    timeout=max(0.0, next_message - loop.time()),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                changed.cancel()
-                if gone in done:
-                    log.info("node-executor: client of %s left while waiting", pod)
-                    current = self._pod(pod)
-                    if (current is not None and current.phase == "ready") or (
-                        current is not None and current.phase == "running"
-                    ):
-                        await self._release(pod, "cancelled", None)
-                    return False
-        finally:
-            gone.cancel()
+        loop = asyncio.get_running_loop()
+        next_message = loop.time() + self._message_period()  # the first after one period
+        reattach_deadline = loop.time() + self.reattach_seconds
+        while (state := self._pod(session.pod)) is not None and state.phase == "ready":
+            if session.client_left or (
+                session.channel is None and loop.time() >= reattach_deadline
+            ):
+                log.info("node-executor: %s's client is gone; it leaves the queue", session.pod)
+                await self._release(session.pod, "cancelled", None)
+                return False
+            if loop.time() >= next_message:
+                await session.send(self._waiting(state))
+                next_message = loop.time() + self._message_period()
+            until = (
+                next_message
+                if session.channel is not None
+                else min(next_message, reattach_deadline)
+            )
+            await self._wait_for_change(session, max(0.0, until - loop.time()))
+        if state is None or state.phase == "dormant":
+            await session.send(Exited(exit_code=0, reason="cancelled"))
+            return False
+        return True
 
     def _waiting(self, state: PodState) -> Waiting:
         assert state.ready_since is not None
@@ -262,95 +393,135 @@ class NodeExecutor:
         position = queue_positions(self.loop.projection.state, self.node).get(state.ref, 0)
         return Waiting(seconds=max(0, seconds), position=position)
 
-    async def _run_command(
-        self, request: RunRequest, fds: StdioFds, channel: Channel, change: asyncio.Event
-    ) -> str:
-        pod = request.pod
-        state = self._pod(pod)
-        assert state is not None and state.gpu_index is not None
+    async def _start(self, session: PodSession, state: PodState) -> bool:
+        """The pod runs in the log: start its command (once a client with stdio is attached)."""
+        if session.request is None or session.fds is None or session.client_left:
+            if not session.client_left:
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(self.reattach_seconds):
+                        await session.attached.wait()
+                if session.attached.is_set():
+                    return True
+            log.info(
+                "node-executor: %s was assigned but its client is gone; releasing", session.pod
+            )
+            await self._release(session.pod, "cancelled", None)
+            return False
+        assert state.gpu_index is not None
         gpu = self.inventory.by_index(state.gpu_index)
-        env = workload_environment(request.env, gpu, state.limits, pod=pod)
+        request = session.request
+        env = workload_environment(request.env, gpu, state.limits, pod=session.pod)
+        peer = session.channel.peer if session.channel is not None else None
         try:
-            workload = await self.supervisor.start(
-                pod,
+            session.workload = await self.supervisor.start(
+                session.pod,
                 request.argv,
                 env,
                 request.cwd,
-                fds,
-                run_as=(channel.peer.uid, channel.peer.gid),
+                session.fds,
+                run_as=(peer.uid, peer.gid) if peer is not None else None,
             )
         except WorkloadStartFailed as error:
-            await self._release(pod, "failed", 127)
-            await channel.send(Rejected(reason="StartFailed", message=str(error)))
-            return "done"
-        self._workloads[pod] = workload
-        await channel.send(Started(gpu_index=gpu.index, gpu_uuid=gpu.uuid, pid=workload.pid))
-        exited = asyncio.create_task(self.supervisor.wait(workload))
-        gone = asyncio.create_task(channel.wait_client_gone())
+            await self._release(session.pod, "failed", error.exit_code)
+            await session.send(Rejected(reason="StartFailed", message=str(error)))
+            return False
+        await session.send(
+            Started(gpu_index=gpu.index, gpu_uuid=gpu.uuid, pid=session.workload.pid)
+        )
+        return True
+
+    async def _supervise(self, session: PodSession) -> bool:
+        workload = session.workload
+        assert workload is not None
+        exited = asyncio.create_task(workload.wait_exit())
         try:
             while True:
-                change.clear()
-                changed = asyncio.create_task(change.wait())
-                done, _ = await asyncio.wait(
-                    {exited, gone, changed}, return_when=asyncio.FIRST_COMPLETED
-                )
+                if exited.done():
+                    return await self._exited(session, exited.result())
+                state = self._pod(session.pod)
+                if state is None:  # PodRemoved
+                    await self._end(session, "cancelled", tell_client=True)
+                    return False
+                if state.phase != "running":  # released elsewhere (not by this executor)
+                    await self._end(session, None, tell_client=True)
+                    return False
+                if state.evicted_by is not None:
+                    return await self._preempt(session, state)
+                if session.client_left:
+                    log.info("node-executor: client of %s left; ending its command", session.pod)
+                    await self._end(session, "cancelled", tell_client=False)
+                    return False
+                session.change.clear()
+                changed = asyncio.create_task(session.change.wait())
+                await asyncio.wait({exited, changed}, return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
-                if exited in done:
-                    code = exited.result()
-                    if pod in self._oom:
-                        self._oom.pop(pod)
-                        await self._release(pod, "out-of-memory", code)
-                        await channel.send(Exited(exit_code=code, reason="out-of-memory"))
-                        return "done"
-                    reason: ReleaseReason = "completed" if code == 0 else "failed"
-                    await self._release(pod, reason, code)
-                    await channel.send(Exited(exit_code=code, reason=reason))
-                    return "done"
-                current = self._pod(pod)
-                if current is None:  # PodRemoved
-                    await self.supervisor.terminate(workload, self._grace_seconds())
-                    await channel.send(Exited(exit_code=0, reason="cancelled"))
-                    return "done"
-                if current.evicted_by is not None:
-                    return await self._preempt(request, workload, channel, current)
-                if gone in done:
-                    log.info("node-executor: client of %s left; ending its command", pod)
-                    termination = await self.supervisor.terminate(workload, self._grace_seconds())
-                    await self._release(pod, "cancelled", termination.exit_code)
-                    return "done"
         finally:
-            self._workloads.pop(pod, None)
             exited.cancel()
-            gone.cancel()
 
-    async def _preempt(
-        self, request: RunRequest, workload: Workload, channel: Channel, state: PodState
-    ) -> str:
-        assert state.evicted_by is not None and state.gpu_index is not None
-        by = state.evicted_by
-        gpu_index = state.gpu_index
+    async def _exited(self, session: PodSession, code: int) -> bool:
+        workload = session.workload
+        assert workload is not None
+        reason: ReleaseReason = "completed" if code == 0 else "failed"
+        if self._oom.pop(session.pod, None) is not None:
+            reason = "out-of-memory"
+        await self._release(session.pod, reason, code)
+        workload.forget()
+        session.workload = None
+        await session.send(Exited(exit_code=code, reason=reason))
+        return False
+
+    async def _end(
+        self, session: PodSession, reason: ReleaseReason | None, *, tell_client: bool
+    ) -> None:
+        """End the command; record the release (unless already released) and tell the client."""
+        workload = session.workload
+        assert workload is not None
+        termination = await self.supervisor.terminate(workload, self._grace_seconds())
+        state = self._pod(session.pod)
+        if reason is not None and state is not None and state.phase == "running":
+            await self._release(session.pod, reason, termination.exit_code)
+        workload.forget()
+        session.workload = None
+        if tell_client:
+            await session.send(Exited(exit_code=termination.exit_code, reason="cancelled"))
+
+    async def _preempt(self, session: PodSession, state: PodState) -> bool:
+        workload = session.workload
+        assert workload is not None
+        assert state.evicted_by is not None
+        assert state.gpu_index is not None
+        by, gpu_index = state.evicted_by, state.gpu_index
         termination = await self.supervisor.terminate(workload, self._grace_seconds())
         if not termination.confirmed:
             log.error(
-                "node-executor: %s survivors after SIGKILL: %s", state.ref, termination.survivors
+                "node-executor: %s: processes survived SIGKILL: %s",
+                state.ref,
+                termination.survivors,
             )
         log.info(
             "node-executor: %s preempted by %s, ended by %s", state.ref, by, termination.ended_by
         )
         await self._release(state.ref, "preempted", termination.exit_code)
-        await channel.send(PreemptedNotice(by=by.name, gpu_index=gpu_index))
-        if request.requeue and not channel.client_gone:
-            return "requeue"
-        await channel.send(Exited(exit_code=termination.exit_code, reason="preempted"))
-        return "done"
+        workload.forget()
+        session.workload = None
+        await session.send(PreemptedNotice(by=by.name, gpu_index=gpu_index))
+        if (
+            session.request is not None
+            and session.request.requeue
+            and session.channel is not None
+            and not session.client_left
+        ):
+            return True  # dormant now: the next step queues it again
+        await session.send(Exited(exit_code=termination.exit_code, reason="preempted"))
+        return False
 
     # ------------------------------------------------------------------ memory guard
 
     def _guarded_workloads(self) -> list[GuardedWorkload]:
         guarded = []
-        for pod, workload in self._workloads.items():
+        for pod, session in self._sessions.items():
             state = self._pod(pod)
-            if state is None or state.gpu_index is None:
+            if session.workload is None or state is None or state.gpu_index is None:
                 continue
             gpu = self.inventory.by_index(state.gpu_index)
             guarded.append(
@@ -358,21 +529,14 @@ class NodeExecutor:
                     pod=pod,
                     gpu_uuid=gpu.uuid,
                     memory_limit_bytes=memory_limit_bytes(gpu, state.limits),
-                    pids=frozenset(group_members(workload.pid)),
+                    pids=frozenset(group_members(session.workload.pid)),
                 )
             )
         return guarded
 
     async def _on_memory_overrun(self, overrun: MemoryOverrun) -> None:
-        workload = self._workloads.get(overrun.pod)
-        if workload is None:
+        session = self._sessions.get(overrun.pod)
+        if session is None or session.workload is None:
             return
-        log.warning(
-            "node-executor: %s holds %d bytes on %s, over its limit of %d: ending it (out-of-memory)",
-            overrun.pod,
-            overrun.used_bytes,
-            overrun.gpu_uuid,
-            overrun.limit_bytes,
-        )
         self._oom[overrun.pod] = overrun
-        await self.supervisor.terminate(workload, 0)
+        await self.supervisor.terminate(session.workload, 0)
