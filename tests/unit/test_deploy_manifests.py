@@ -445,6 +445,7 @@ def test_node_executor_has_exactly_the_privileges_it_needs(target: str) -> None:
     assert context["capabilities"] == {"drop": ["ALL"], "add": ["KILL", "SYS_PTRACE"]}
     assert context["privileged"] is False
     assert context["allowPrivilegeEscalation"] is False
+    assert (context["runAsUser"], context["runAsGroup"]) == (0, 10001)  # the socket's group
     host_paths = [volume["hostPath"]["path"] for volume in spec["volumes"] if "hostPath" in volume]
     assert host_paths == ["/run/gpupool"]
 
