@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from gpupool.core import (
     PlanPreemption,
@@ -171,9 +172,7 @@ def measure(waiting: int) -> list[Row]:
         ("PlanPreemption, a plan (1 Preempted)", outranked, PlanPreemption(node=NODE)),
     ]
     for name, state, command in decisions:
-        rows.append(
-            Row(waiting, name, rate(lambda s=state, c=command: decide(s, c, NOW)), baseline)
-        )
+        rows.append(Row(waiting, name, rate(partial(decide, state, command, NOW)), baseline))
 
     # evolve: a dormant pod becomes ready and cancels, over and over (the state is unchanged
     # after each pair, so the queue length stays the same).
