@@ -207,7 +207,7 @@ def topology(
                 ),
             )
         )
-    for pod in waiting:
-        events.append(registered(pod.name, 1, pod.limit, priority=pod.priority, node=node))
-        events.append(PodReady(pod=ref(pod.name), node=node))
+    for queued in waiting:
+        events.append(registered(queued.name, 1, queued.limit, priority=queued.priority, node=node))
+        events.append(PodReady(pod=ref(queued.name), node=node))
     return events

@@ -146,12 +146,13 @@ def test_the_scenario_file_runs_the_worked_example_through_the_simulator() -> No
         ("pod-d", 1, 60.0),  # T2 phase 1
         ("pod-b", 0, 60.0),  # T2 phase 2
     ]
-    released = [e for e in log if isinstance(e.event, Released)]
-    assert [(e.event.pod.name, e.event.reason) for e in released] == [("pod-c", "completed")]
+    released = [e.event for e in log if isinstance(e.event, Released)]
+    assert [(r.pod.name, r.reason) for r in released] == [("pod-c", "completed")]
     # D's assignment follows C's release directly: nothing ran in between.
     index = next(i for i, e in enumerate(log) if isinstance(e.event, Released))
-    assert isinstance(log[index + 1].event, Assigned)
-    assert log[index + 1].event.pod == D
+    following = log[index + 1].event
+    assert isinstance(following, Assigned)
+    assert following.pod == D
 
 
 def test_the_simulation_is_deterministic_byte_for_byte() -> None:
