@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.prometheus
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 RULES = PROMETHEUS / "rules" / "gpupool-alerts.yml"
