@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 Reaction = Callable[[StoredEvent], Awaitable[None]]
 
-MAX_CONFLICT_RETRIES = 20
+MAX_CONFLICT_RETRIES = 100
 
 
 def utc_now() -> datetime:
@@ -68,6 +69,7 @@ class DeciderLoop:
         self.rejected_messages = 0
         self.conflicts = 0
         self.ready = False
+        self._node_locks: dict[str, asyncio.Lock] = {}
 
     async def rebuild(self) -> int:
         """Fold every entry present in the log; returns how many were new."""
@@ -99,7 +101,16 @@ class DeciderLoop:
     async def execute(
         self, command: Command, *, node: str, cause: Envelope | None = None
     ) -> list[Event]:
-        """Decide on the projection and append; on a conflict, catch up and decide again."""
+        """Decide on the projection and append; on a conflict, catch up and decide again.
+
+        Decisions for one node are made one at a time within this process (a lock per
+        node), so only other processes can make an append conflict.
+        """
+        lock = self._node_locks.setdefault(node, asyncio.Lock())
+        async with lock:
+            return await self._execute(command, node=node, cause=cause)
+
+    async def _execute(self, command: Command, *, node: str, cause: Envelope | None) -> list[Event]:
         for _ in range(MAX_CONFLICT_RETRIES):
             now = self.clock()
             events = decide(self.projection.state, command, now)

@@ -33,6 +33,11 @@ DEFAULT_KILL_CONFIRM_SECONDS = 5.0
 """How long to wait, after SIGKILL, for the kernel to finish the processes off."""
 
 
+SHIM = ("-I", "-S", str(Path(__file__).with_name("shim.py")))
+"""The shim runs isolated and without site-packages (it needs only the standard library):
+its start-up costs a few milliseconds, not the tens a full interpreter start takes."""
+
+
 class WorkloadStartFailed(RuntimeError):
     """The command could not be started; ``exit_code`` follows the shell (127 not found, 126 other)."""
 
@@ -320,14 +325,7 @@ class ProcessSupervisor:
         if self.records_dir is not None and argv:
             record_path, status_file = self._paths(pod)
             status_file.unlink(missing_ok=True)
-            command = [
-                sys.executable,
-                "-m",
-                "gpupool.node_executor.shim",
-                str(status_file),
-                "--",
-                *argv,
-            ]
+            command = [sys.executable, *SHIM, str(status_file), "--", *argv]
         try:
             if not argv:
                 raise ValueError("empty command")
