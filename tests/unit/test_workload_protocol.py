@@ -144,10 +144,10 @@ def test_console_reporter_writes_waiting_lines_to_stdout_and_the_rest_to_stderr(
 @pytest.mark.parametrize(
     ("args", "environ", "pod", "argv", "requeue", "socket"),
     [
-        pytest.param(["--pod", "p", "--", "python", "-c", "x"], {}, PodRef(namespace="default", name="p"), ["python", "-c", "x"], False, "/run/gpupool/workload.sock", id="minimal"),
+        pytest.param(["--pod", "p", "--", "python", "-c", "x"], {}, PodRef(namespace="default", name="p"), ["python", "-c", "x"], False, "/run/gpupool/gpupool.sock", id="minimal"),
         pytest.param(["--pod=p", "--namespace=ns", "--requeue", "--socket", "/s", "--", "a", "--pod", "q"], {}, PodRef(namespace="ns", name="p"), ["a", "--pod", "q"], True, "/s", id="everything"),
         pytest.param(["--", "cmd"], {"POD_NAME": "from-env", "POD_NAMESPACE": "team", "GPUPOOL_SOCKET": "/e"}, PodRef(namespace="team", name="from-env"), ["cmd"], False, "/e", id="downward-api"),
-        pytest.param(["--pod", "p", "cmd", "--flag"], {}, PodRef(namespace="default", name="p"), ["cmd", "--flag"], False, "/run/gpupool/workload.sock", id="no-double-dash"),
+        pytest.param(["--pod", "p", "cmd", "--flag"], {}, PodRef(namespace="default", name="p"), ["cmd", "--flag"], False, "/run/gpupool/gpupool.sock", id="no-double-dash"),
     ],
 )  # fmt: skip
 def test_parse_run_arguments(

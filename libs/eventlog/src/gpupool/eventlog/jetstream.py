@@ -97,6 +97,12 @@ _RETRYABLE = (
 _LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
 
 
+DURABLE_INACTIVE_SECONDS = 24 * 3600.0
+"""A durable consumer nobody has pulled from for this long is removed by the server: replicas
+are named after their pods, which change on every rollout. A service that comes back later
+simply gets a new consumer (it rebuilds from the log anyway)."""
+
+
 class JetStreamEventLog:
     """An :class:`~gpupool.eventlog.port.EventLog` on one JetStream stream."""
 
@@ -389,6 +395,7 @@ class JetStreamEventLog:
                 ack_wait=self.ack_wait,
                 max_deliver=MAX_DELIVER,
                 replay_policy=api.ReplayPolicy.INSTANT,
+                inactive_threshold=DURABLE_INACTIVE_SECONDS,
             ),
         )
 

@@ -33,7 +33,7 @@ from gpupool.workload.protocol import (
     encode_line,
 )
 
-DEFAULT_SOCKET_PATH = "/run/gpupool/workload.sock"
+DEFAULT_SOCKET_PATH = "/run/gpupool/gpupool.sock"
 SOCKET_PATH_VARIABLE = "GPUPOOL_SOCKET"
 """Overrides the default socket path; ``--socket`` overrides both."""
 
