@@ -85,8 +85,9 @@ async def run_pods(socket: Path, pods: int, concurrency: int) -> None:
                 cwd="/",
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             )
-            return await run_workload(socket, request, on_message=note,
-                                      fds=(devnull, devnull, devnull))
+            return await run_workload(
+                socket, request, on_message=note, fds=(devnull, devnull, devnull)
+            )
 
     rejections: list[str] = []
 
@@ -105,8 +106,13 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         cluster = Path(tmp) / "cluster.yaml"
         cluster.write_text(cluster_yaml(pods, gpus))
-        settings = StackSettings(cluster_file=cluster, node=NODE, state_dir=Path(tmp) / "state",
-                                 simulate_gpus=gpus, log_level="WARNING")
+        settings = StackSettings(
+            cluster_file=cluster,
+            node=NODE,
+            state_dir=Path(tmp) / "state",
+            simulate_gpus=gpus,
+            log_level="WARNING",
+        )
         async with local_stack(settings) as stack:
             baseline = await raw_round_trip(stack.nats_url, 1000)
             started = time.perf_counter()
@@ -129,17 +135,21 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
             assigned_times.append(when)
     span = max(assigned_times) - min(assigned_times) if len(assigned_times) > 1 else float("nan")
     ms = 1000.0
-    print(f"{pods} pods, {gpus} simulated GPUs, {concurrency} concurrent clients, limits 50% "
-          f"(2 per GPU), each command a real `true` process; {os.cpu_count()} CPUs\n")
+    print(
+        f"{pods} pods, {gpus} simulated GPUs, {concurrency} concurrent clients, limits 50% "
+        f"(2 per GPU), each command a real `true` process; {os.cpu_count()} CPUs\n"
+    )
     print(f"{'measure':<44}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
     rows = [
         ("raw JetStream publish -> ordered consumer", baseline),
         ("PodReady -> Assigned through all services", latencies),
     ]
     for name, values in rows:
-        print(f"{name:<44}{percentile(values, .5) * ms:>10.2f}{percentile(values, .99) * ms:>10.2f}"
-              f"{statistics.fmean(values) * ms:>10.2f}")
-    ratio = percentile(latencies, .5) / percentile(baseline, .5)
+        print(
+            f"{name:<44}{percentile(values, 0.5) * ms:>10.2f}{percentile(values, 0.99) * ms:>10.2f}"
+            f"{statistics.fmean(values) * ms:>10.2f}"
+        )
+    ratio = percentile(latencies, 0.5) / percentile(baseline, 0.5)
     print(f"\nratio PodReady->Assigned p50 / raw round trip p50: {ratio:.1f}x")
     print(f"placements per second (first to last Assigned): {len(assigned_times) / span:.1f}")
     print(f"whole runs per second (ready -> ran -> released, end to end): {pods / elapsed:.1f}")
@@ -149,7 +159,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=16,
-                        help="concurrent clients (default 16 = the capacity: nobody waits for a GPU)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="concurrent clients (default 16 = the capacity: nobody waits for a GPU)",
+    )
     options = parser.parse_args()
     asyncio.run(main(options.pods, options.gpus, options.concurrency))
