@@ -119,6 +119,8 @@ class NodeExecutor:
         self._loop: DeciderLoop | None = None
         self._sessions: dict[PodRef, PodSession] = {}
         self._oom: dict[PodRef, MemoryOverrun] = {}
+        self.serving = asyncio.Event()
+        """Set once workloads can connect to the socket."""
         self._outcomes: dict[PodRef, ExecutorMessage] = {}
         """Last words of sessions that ended while their client was away, for when it reattaches."""
 
@@ -144,6 +146,7 @@ class NodeExecutor:
         server = WorkloadSocketServer(self.socket_path, self)
         await server.start()
         stack.push_async_callback(server.close)
+        self.serving.set()
         stop_guarding = asyncio.Event()
         guard = asyncio.create_task(
             guard_memory(
