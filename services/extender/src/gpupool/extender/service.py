@@ -1,0 +1,75 @@
+"""The extender's HTTP handlers: decode ExtenderArgs, apply the rules on the cache, answer."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from gpupool.extender.cluster_cache import ClusterCache
+from gpupool.extender.protocol import (
+    ExtenderArgs,
+    ExtenderFilterResult,
+    NodeItems,
+    decode_args,
+    encode,
+)
+from gpupool.extender.rules import ShareUsage, filter_nodes, prioritize
+from gpupool.kube.records import Node, Pod
+from gpupool.runtime.http import HttpEndpoint, Response
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+_POD = msgspec.json.Decoder(Pod)
+_NODE = msgspec.json.Decoder(Node)
+
+
+class ExtenderHandlers:
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
+
+    def install(self, endpoint: HttpEndpoint) -> None:
+        endpoint.add("POST", "/filter", self.filter)
+        endpoint.add("POST", "/prioritize", self.prioritize)
+
+    def _read(self, body: bytes) -> tuple[ExtenderArgs, Pod, list[Node]]:
+        args = decode_args(body)
+        pod = _POD.decode(args.pod)
+        if args.nodes is not None:
+            nodes = [_NODE.decode(raw) for raw in args.nodes.items]
+        elif args.node_names is not None:
+            nodes = [self._cache.node(name) for name in args.node_names]
+        else:
+            raise msgspec.ValidationError("ExtenderArgs has neither nodes nor nodenames")
+        return args, pod, nodes
+
+    async def filter(self, body: bytes) -> Response:
+        try:
+            args, pod, nodes = self._read(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return 400, JSON, encode(ExtenderFilterResult(error=f"cannot read ExtenderArgs: {exc}"))
+        outcome = filter_nodes(pod, nodes, self._usage(pod))
+        log.debug(
+            "filter %s: %d passed, %d failed", pod.ref, len(outcome.passed), len(outcome.failed)
+        )
+        if args.nodes is not None:
+            keep = set(outcome.passed)
+            items = [
+                raw for raw, node in zip(args.nodes.items, nodes, strict=True) if node.name in keep
+            ]
+            result = ExtenderFilterResult(nodes=NodeItems(items=items), failed_nodes=outcome.failed)
+        else:
+            result = ExtenderFilterResult(node_names=outcome.passed, failed_nodes=outcome.failed)
+        return 200, JSON, encode(result)
+
+    async def prioritize(self, body: bytes) -> Response:
+        try:
+            _, pod, nodes = self._read(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return 400, "text/plain", f"cannot read ExtenderArgs: {exc}\n".encode()
+        return 200, JSON, encode(prioritize(pod, nodes, self._usage(pod)))
+
+    def _usage(self, pod: Pod) -> ShareUsage:
+        pods = self._cache.pods
+        return lambda node: pods.share_usage(node, excluding=pod.ref)
