@@ -282,6 +282,16 @@ async def test_health_and_bad_requests(extender: ExtenderProcess) -> None:
         ["plain"],
         ["pool-a"],
     )
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{extender.url}/metrics") as response,
+    ):
+        metrics = await response.text()
+    assert "gpupool_extender_ready 1.0" in metrics
+    assert "gpupool_extender_cached_nodes 5.0" in metrics
+    assert "gpupool_extender_cached_pods 4.0" in metrics
+    assert 'gpupool_extender_requests_total{outcome="bad-request",verb="filter"} 1.0' in metrics
+    assert 'gpupool_extender_requests_total{outcome="ok",verb="filter"} 1.0' in metrics
 
 
 async def test_the_cache_follows_pods_bound_after_start(kmock: kmock.KubernetesEmulator) -> None:

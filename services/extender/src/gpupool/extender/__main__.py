@@ -13,8 +13,10 @@ import logging
 import os
 from contextlib import AsyncExitStack, suppress
 
+from prometheus_client import CollectorRegistry
+
 from gpupool.extender.cluster_cache import ClusterCache
-from gpupool.extender.service import ExtenderHandlers
+from gpupool.extender.service import ExtenderCollector, ExtenderHandlers
 from gpupool.kube.adapter import KubernetesAsyncioApi
 from gpupool.runtime.http import HttpEndpoint
 from gpupool.runtime.service import serve
@@ -61,8 +63,11 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         )
         stack.push_async_callback(api.close)
         cache = ClusterCache(api)
-        endpoint = HttpEndpoint(is_ready=lambda: cache.ready)
-        ExtenderHandlers(cache).install(endpoint)
+        handlers = ExtenderHandlers(cache)
+        registry = CollectorRegistry()
+        registry.register(ExtenderCollector(cache, handlers))
+        endpoint = HttpEndpoint(registry=registry, is_ready=lambda: cache.ready)
+        handlers.install(endpoint)
         port = await endpoint.start(args.http_host, args.http_port)
         stack.push_async_callback(endpoint.stop)
         log.info("gpupool-extender listening on http://%s:%d", args.http_host, port)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpupool.extender.cluster_cache import ClusterCache
 from gpupool.extender.protocol import (
@@ -28,6 +30,8 @@ _NODE = msgspec.json.Decoder(Node)
 class ExtenderHandlers:
     def __init__(self, cache: ClusterCache) -> None:
         self._cache = cache
+        self.answered: Counter[tuple[str, str]] = Counter()
+        """Requests answered, by (verb, outcome): outcome ``ok`` or ``bad-request``."""
 
     def install(self, endpoint: HttpEndpoint) -> None:
         endpoint.add("POST", "/filter", self.filter)
@@ -48,6 +52,7 @@ class ExtenderHandlers:
         try:
             args, pod, nodes = self._read(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.answered["filter", "bad-request"] += 1
             return 400, JSON, encode(ExtenderFilterResult(error=f"cannot read ExtenderArgs: {exc}"))
         outcome = filter_nodes(pod, nodes, self._usage(pod))
         log.debug(
@@ -61,15 +66,42 @@ class ExtenderHandlers:
             result = ExtenderFilterResult(nodes=NodeItems(items=items), failed_nodes=outcome.failed)
         else:
             result = ExtenderFilterResult(node_names=outcome.passed, failed_nodes=outcome.failed)
+        self.answered["filter", "ok"] += 1
         return 200, JSON, encode(result)
 
     async def prioritize(self, body: bytes) -> Response:
         try:
             _, pod, nodes = self._read(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.answered["prioritize", "bad-request"] += 1
             return 400, "text/plain", f"cannot read ExtenderArgs: {exc}\n".encode()
+        self.answered["prioritize", "ok"] += 1
         return 200, JSON, encode(prioritize(pod, nodes, self._usage(pod)))
 
     def _usage(self, pod: Pod) -> ShareUsage:
         pods = self._cache.pods
         return lambda node: pods.share_usage(node, excluding=pod.ref)
+
+
+class ExtenderCollector:
+    """Prometheus figures of the extender, computed on scrape from the cache and the handlers."""
+
+    def __init__(self, cache: ClusterCache, handlers: ExtenderHandlers) -> None:
+        self._cache = cache
+        self._handlers = handlers
+
+    def collect(self) -> list[Metric]:
+        ready = GaugeMetricFamily("gpupool_extender_ready", "1 once nodes and pods are listed")
+        ready.add_metric([], 1.0 if self._cache.ready else 0.0)
+        nodes = GaugeMetricFamily("gpupool_extender_cached_nodes", "nodes in the extender's cache")
+        nodes.add_metric([], float(len(self._cache.nodes)))
+        pods = GaugeMetricFamily("gpupool_extender_cached_pods", "pods in the extender's cache")
+        pods.add_metric([], float(len(self._cache.pods)))
+        answered = CounterMetricFamily(
+            "gpupool_extender_requests",
+            "scheduler requests answered, by verb and outcome",
+            labels=["verb", "outcome"],
+        )
+        for (verb, outcome), count in sorted(self._handlers.answered.items()):
+            answered.add_metric([verb, outcome], float(count))
+        return [ready, nodes, pods, answered]
