@@ -50,11 +50,11 @@ class ScriptedServer:
         self.list_params: list[dict[str, str]] = []
         self.watch_params: list[dict[str, str]] = []
 
-    def list(self, request: kmock.Request) -> dict[str, Any]:
+    def answer_list(self, request: kmock.Request) -> dict[str, Any]:
         self.list_params.append(dict(request.params))
         return self.lists[len(self.list_params) - 1]
 
-    def watch(self, request: kmock.Request) -> Any:
+    def answer_watch(self, request: kmock.Request) -> Any:
         self.watch_params.append(dict(request.params))
         return self._watches(request)[len(self.watch_params) - 1]
 
@@ -91,10 +91,10 @@ async def test_watch_resumes_after_drops_and_relists_after_gone(
     )
     kmock.resources["v1/nodes"] = {}
     nodes = kmock.resource("", "v1", "nodes")
-    kmock[kmock.action.LIST, nodes] << script.list
+    kmock[kmock.action.LIST, nodes] << script.answer_list
     fifth_watch = kmock[kmock.action.WATCH, nodes, kmock.params(resourceVersion="22")]
     fifth_watch << 410 << GONE["object"]
-    kmock[kmock.action.WATCH, nodes] << script.watch
+    kmock[kmock.action.WATCH, nodes] << script.answer_watch
 
     seen: list[tuple[str, str, str]] = []
     async with await KubernetesAsyncioApi.connect(
@@ -145,7 +145,7 @@ async def test_a_replayed_object_is_not_reported_twice(kmock: kmock.KubernetesEm
     script = ScriptedServer(lists=[listing("3", node("n1", "2"))])
     kmock.resources["v1/nodes"] = {}
     nodes = kmock.resource("", "v1", "nodes")
-    kmock[kmock.action.LIST, nodes] << script.list
+    kmock[kmock.action.LIST, nodes] << script.answer_list
     released = asyncio.Event()
 
     async def replay(request: kmock.Request) -> AsyncIterator[Any]:

@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import Callable
 from datetime import datetime
 
+from gpupool.core import Command
+from gpupool.events import Event
 from gpupool.kube.node_controller import NodeController, utc_now
 from gpupool.kube.node_status import NodeStatusSettings
 from gpupool.kube.pod_controller import PodController
@@ -30,17 +32,24 @@ class KubernetesControllers:
         settings: NodeStatusSettings | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
+        self._submit = submit
+        self._submitting = asyncio.Lock()
         self.pods = PodDirectory()
-        self.nodes = NodeController(api, submit, self.pods, settings=settings, clock=clock)
+        self.nodes = NodeController(api, self.submit, self.pods, settings=settings, clock=clock)
         self.pod_controller = PodController(
             api,
-            submit,
+            self.submit,
             self.pods,
             node_pods_changed=self.nodes.pods_changed,
             nodes_ready=self.nodes.synced.wait,
             clock=clock,
         )
         self.preemptions = PreemptionRecorder(api, self.pods)
+
+    async def submit(self, command: Command) -> list[Event]:
+        """One command at a time: the node and pod watches run side by side."""
+        async with self._submitting:
+            return await self._submit(command)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
