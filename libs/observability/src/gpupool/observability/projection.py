@@ -4,6 +4,10 @@ It remembers the last stream sequence it applied (overall and per node), so that
 restart resumes, an entry seen twice (redelivery, catch-up replay) is applied once,
 and a decider can append with the node's sequence as its optimistic-concurrency
 expectation.
+
+With ``statistics`` (built by :func:`metrics_projection`) it also folds the counters
+the metrics expose. ``to_snapshot``/``from_snapshot`` persist and resume all of it
+(see ``snapshot.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,13 @@ from dataclasses import dataclass, field
 
 from gpupool.core import State, evolve
 from gpupool.events import Envelope, event_node
+from gpupool.observability.snapshot import (
+    SNAPSHOT_FORMAT,
+    Snapshot,
+    state_from_record,
+    state_record,
+)
+from gpupool.observability.statistics import LogStatistics
 
 Observer = Callable[[State, Envelope, int], None]
 """Called before an envelope is folded: (state before, envelope, stream sequence)."""
@@ -25,11 +36,15 @@ class Projection:
     node_seq: dict[str, int] = field(default_factory=dict)
     undecodable: int = 0
     observers: list[Observer] = field(default_factory=list)
+    statistics: LogStatistics | None = None
+    """Counters folded from the log for the metrics (see :func:`metrics_projection`); None: not kept."""
 
     def apply(self, seq: int, envelope: Envelope) -> bool:
         """Fold one logged envelope; False if its sequence was already applied."""
         if seq <= self.last_seq:
             return False
+        if self.statistics is not None:
+            self.statistics.observe(self.state, envelope, seq)
         for observer in self.observers:
             observer(self.state, envelope, seq)
         evolve(self.state, envelope)
@@ -54,3 +69,31 @@ class Projection:
     def expected_node_seq(self, node: str) -> int:
         """The sequence a decider expects to be the node's last when it appends (0: none yet)."""
         return self.node_seq.get(node, 0)
+
+    def to_snapshot(self) -> Snapshot:
+        """Everything folded so far (observers are code, not state: they are not included)."""
+        return Snapshot(
+            format=SNAPSHOT_FORMAT,
+            last_seq=self.last_seq,
+            node_seq=dict(self.node_seq),
+            undecodable=self.undecodable,
+            ahead=[],
+            state=state_record(self.state),
+            statistics=None if self.statistics is None else self.statistics.copy(),
+        )
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> Projection:
+        """A projection that resumes at ``snapshot.last_seq + 1``; attach observers afterwards."""
+        return cls(
+            state=state_from_record(snapshot.state),
+            last_seq=snapshot.last_seq,
+            node_seq=dict(snapshot.node_seq),
+            undecodable=snapshot.undecodable,
+            statistics=None if snapshot.statistics is None else snapshot.statistics.copy(),
+        )
+
+
+def metrics_projection() -> Projection:
+    """A projection that also folds the counters the metrics expose (see ``statistics.py``)."""
+    return Projection(statistics=LogStatistics())
