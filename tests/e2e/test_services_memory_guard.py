@@ -18,7 +18,7 @@ from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.eventlog.port import StoredEvent
-from gpupool.events import InventorySource, PodRef, Released
+from gpupool.events import InventorySource, PodRef, PodRegistered, Released
 from gpupool.gpus import GpuSample, simulated_inventory
 from gpupool.node_executor.processes import ProcessSupervisor
 from gpupool.node_executor.service import NodeExecutor
@@ -65,6 +65,23 @@ class OverLimitSampler:
         )
 
 
+async def registered(url: str, pod: str) -> None:
+    log = await JetStreamEventLog.connect(url)
+    try:
+        async with asyncio.timeout(30):
+            async for delivery in log.subscribe(durable="test-registered"):
+                await delivery.ack()
+                entry = delivery.entry
+                if (
+                    isinstance(entry, StoredEvent)
+                    and isinstance(entry.envelope.event, PodRegistered)
+                    and entry.envelope.event.pod.name == pod
+                ):
+                    return
+    finally:
+        await log.close()
+
+
 @pytest.fixture
 async def nats_server(tmp_path: Path) -> AsyncIterator[str]:
     async with run_nats_server(tmp_path / "nats") as url:
@@ -98,10 +115,10 @@ async def test_memory_over_the_limit_ends_the_pod_as_out_of_memory(
         )
 
     async with AsyncExitStack() as stack:
-        tasks = [
-            asyncio.create_task(
-                run_service(PolicyService(load_local_cluster(cluster_file)), options(1), stop)
-            ),
+        policy = PolicyService(load_local_cluster(cluster_file))
+        tasks = [asyncio.create_task(run_service(policy, options(1), stop))]
+        await registered(nats_server, "hungry")  # the others rebuild from a log that has it
+        tasks += [
             asyncio.create_task(run_service(AdmissionQueue(), options(2), stop)),
             asyncio.create_task(run_service(executor, options(3), stop)),
         ]
