@@ -5,6 +5,13 @@ restart resumes, an entry seen twice (redelivery, catch-up replay) is applied on
 and a decider can append with the node's sequence as its optimistic-concurrency
 expectation.
 
+A decider folds its own appended events at once, possibly before entries of
+*other* nodes with lower sequences have arrived. That is safe because the state is
+partitioned by node and each node's entries are applied in order (the
+optimistic-concurrency check guarantees no unseen entry of the same node lies
+before them). ``last_seq`` is the watermark below which every entry was applied;
+``ahead`` holds the sequences applied above it.
+
 With ``statistics`` (built by :func:`metrics_projection`) it also folds the counters
 the metrics expose. ``to_snapshot``/``from_snapshot`` persist and resume all of it
 (see ``snapshot.py``).
@@ -35,21 +42,24 @@ class Projection:
     last_seq: int = 0
     node_seq: dict[str, int] = field(default_factory=dict)
     undecodable: int = 0
+    ahead: set[int] = field(default_factory=set)
     observers: list[Observer] = field(default_factory=list)
     statistics: LogStatistics | None = None
     """Counters folded from the log for the metrics (see :func:`metrics_projection`); None: not kept."""
 
+    def applied(self, seq: int) -> bool:
+        return seq <= self.last_seq or seq in self.ahead
+
     def apply(self, seq: int, envelope: Envelope) -> bool:
         """Fold one logged envelope; False if its sequence was already applied."""
-        if seq <= self.last_seq:
+        if self.applied(seq):
             return False
         if self.statistics is not None:
             self.statistics.observe(self.state, envelope, seq)
         for observer in self.observers:
             observer(self.state, envelope, seq)
         evolve(self.state, envelope)
-        self.last_seq = seq
-        self.node_seq[event_node(envelope.event)] = seq
+        self._mark(seq, event_node(envelope.event))
         return True
 
     def skip(self, seq: int, node: str | None) -> bool:
@@ -58,13 +68,22 @@ class Projection:
         ``node`` is the node its subject names, if any: the entry counts as that
         node's last write for optimistic concurrency, as it does in the log.
         """
-        if seq <= self.last_seq:
+        if self.applied(seq):
             return False
-        self.last_seq = seq
         self.undecodable += 1
-        if node is not None:
-            self.node_seq[node] = seq
+        self._mark(seq, node)
         return True
+
+    def _mark(self, seq: int, node: str | None) -> None:
+        if node is not None:
+            self.node_seq[node] = max(seq, self.node_seq.get(node, 0))
+        if seq == self.last_seq + 1:
+            self.last_seq = seq
+            while self.last_seq + 1 in self.ahead:
+                self.last_seq += 1
+                self.ahead.discard(self.last_seq)
+        else:
+            self.ahead.add(seq)
 
     def expected_node_seq(self, node: str) -> int:
         """The sequence a decider expects to be the node's last when it appends (0: none yet)."""
@@ -77,7 +96,7 @@ class Projection:
             last_seq=self.last_seq,
             node_seq=dict(self.node_seq),
             undecodable=self.undecodable,
-            ahead=[],
+            ahead=sorted(self.ahead),
             state=state_record(self.state),
             statistics=None if self.statistics is None else self.statistics.copy(),
         )
@@ -90,6 +109,7 @@ class Projection:
             last_seq=snapshot.last_seq,
             node_seq=dict(snapshot.node_seq),
             undecodable=snapshot.undecodable,
+            ahead=set(snapshot.ahead),
             statistics=None if snapshot.statistics is None else snapshot.statistics.copy(),
         )
 
