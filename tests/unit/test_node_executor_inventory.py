@@ -5,16 +5,37 @@ from __future__ import annotations
 import logging
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from gpupool.events import GpuInfo
-from gpupool.gpus import Inventory, NvmlUnavailable, SimulatedSampler
+from gpupool.gpus import GpuSample, Inventory, NvmlUnavailable, SimulatedSampler
 from gpupool.node_executor.inventory import (
-    InventoryCollector,
+    ExecutorReadings,
     NoGpuInventory,
     sampler_for,
     select_inventory,
 )
+from gpupool.runtime.metrics import executor_registry, metrics_projection
+
+
+class FixedSampler:
+    """A card that reports itself idle (no NVML here)."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        self.source = inventory.source
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        return tuple(
+            GpuSample(
+                index=g.index,
+                uuid=g.uuid,
+                memory_used_bytes=0,
+                memory_total_bytes=g.memory_mib << 20,
+                utilisation=0.0,
+            )
+            for g in self.inventory.gpus
+        )
+
 
 REAL = Inventory(gpus=(GpuInfo(index=0, uuid="GPU-real-0", memory_mib=81559),), source="nvml")
 
@@ -62,7 +83,8 @@ def test_simulated_only_when_asked_and_says_so(caplog: pytest.LogCaptureFixture)
 def test_metrics_say_whether_gpus_are_simulated(
     inventory: Inventory, simulated: float, source: str, count: float
 ) -> None:
-    registry = CollectorRegistry()
-    registry.register(InventoryCollector("n1", inventory))
+    readings = ExecutorReadings("n1", inventory, FixedSampler(inventory), dict)
+    registry = executor_registry(metrics_projection(), readings)
     assert registry.get_sample_value("gpupool_inventory_simulated", {"node": "n1"}) == simulated
-    assert registry.get_sample_value("gpupool_node_gpus", {"node": "n1", "source": source}) == count
+    assert readings.source == source
+    assert len(list(readings.gpu_samples())) == count

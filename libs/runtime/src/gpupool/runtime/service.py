@@ -119,12 +119,13 @@ async def run_service(
     stop: asyncio.Event,
     *,
     registry_factory: Callable[[Projection], CollectorRegistry] | None = None,
+    projection: Projection | None = None,
     on_listening: Callable[[int], Awaitable[None]] | None = None,
 ) -> None:
     async with AsyncExitStack() as stack:
         event_log = await JetStreamEventLog.connect(options.nats_url, stream=options.stream)
         stack.push_async_callback(event_log.close)
-        loop = DeciderLoop(event_log, service=service.name)
+        loop = DeciderLoop(event_log, service=service.name, projection=projection)
         registry = (
             registry_factory(loop.projection)
             if registry_factory is not None

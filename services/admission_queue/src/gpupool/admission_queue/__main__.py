@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from gpupool.admission_queue.service import AdmissionQueue
-from gpupool.runtime.metrics import service_registry
+from gpupool.runtime.metrics import metrics_projection, queue_registry
 from gpupool.runtime.service import add_common_arguments, common_options, run_service, serve
 
 
@@ -17,7 +17,13 @@ def main() -> None:
     service = AdmissionQueue()
 
     async def run(stop: asyncio.Event) -> None:
-        await run_service(service, common_options(args), stop, registry_factory=service_registry)
+        await run_service(
+            service,
+            common_options(args),
+            stop,
+            registry_factory=queue_registry,
+            projection=metrics_projection(),
+        )
 
     serve(run, log_level=args.log_level)
 

@@ -8,7 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from gpupool.node_executor.inventory import NoGpuInventory, sampler_for, select_inventory
+from gpupool.node_executor.inventory import (
+    ExecutorReadings,
+    NoGpuInventory,
+    sampler_for,
+    select_inventory,
+)
 from gpupool.node_executor.processes import ProcessSupervisor
 from gpupool.node_executor.service import DEFAULT_REATTACH_SECONDS, NodeExecutor
 from gpupool.runtime.metrics import executor_registry
@@ -88,12 +93,14 @@ def main() -> None:
         reattach_seconds=args.reattach_seconds,
     )
 
+    readings = ExecutorReadings(args.node_name, inventory, service.sampler, service.pod_processes)
+
     async def run(stop: asyncio.Event) -> None:
         await run_service(
             service,
             common_options(args),
             stop,
-            registry_factory=lambda projection: executor_registry(projection, service),
+            registry_factory=lambda projection: executor_registry(projection, readings),
         )
 
     serve(run, log_level=args.log_level)

@@ -2,23 +2,25 @@
 
 Without NVML the executor refuses to start, unless ``--simulate-gpus N`` was given; then it
 logs ``SIMULATED GPUs: ...``, reports the inventory with ``source="simulated"``, and exports
-``gpupool_inventory_simulated 1`` so that no dashboard mistakes the node for real hardware.
+``gpupool_inventory_simulated 1`` (gpupool.observability.executor_metrics, read through
+:class:`ExecutorReadings`) so that no dashboard mistakes the node for real hardware.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
+from gpupool.events import InventorySource, PodRef
 from gpupool.gpus import (
     DEFAULT_SIMULATED_MEMORY_MIB,
+    GpuSample,
     GpuSampler,
     Inventory,
     NvmlSampler,
     NvmlUnavailable,
+    SamplingFailed,
     SimulatedSampler,
     discover_nvml,
     simulated_inventory,
@@ -64,25 +66,28 @@ def sampler_for(inventory: Inventory, nvml: Any = None) -> GpuSampler:
     return NvmlSampler(inventory, nvml)
 
 
-class InventoryCollector:
-    """``gpupool_inventory_simulated`` (1 when the GPUs are simulated) and ``gpupool_node_gpus``."""
+class ExecutorReadings:
+    """What the node-executor's metrics read (the observability port ``ExecutorReadings``):
+    fresh GPU samples on each scrape, and which processes belong to which pod."""
 
-    def __init__(self, node: str, inventory: Inventory) -> None:
-        self._node = node
-        self._inventory = inventory
+    def __init__(
+        self,
+        node: str,
+        inventory: Inventory,
+        sampler: GpuSampler,
+        pod_processes: Callable[[], Mapping[PodRef, Collection[int]]],
+    ) -> None:
+        self.node = node
+        self.source: InventorySource = inventory.source
+        self._sampler = sampler
+        self._pod_processes = pod_processes
 
-    def collect(self) -> Iterator[Metric]:
-        simulated = GaugeMetricFamily(
-            "gpupool_inventory_simulated",
-            "1 when this node-executor publishes a simulated GPU inventory (no real GPUs)",
-            labels=["node"],
-        )
-        simulated.add_metric([self._node], 1.0 if self._inventory.simulated else 0.0)
-        yield simulated
-        gpus = GaugeMetricFamily(
-            "gpupool_node_gpus",
-            "GPUs this node-executor publishes, by source (nvml or simulated)",
-            labels=["node", "source"],
-        )
-        gpus.add_metric([self._node, self._inventory.source], float(len(self._inventory.gpus)))
-        yield gpus
+    def gpu_samples(self) -> Sequence[GpuSample]:
+        try:
+            return self._sampler.sample()
+        except SamplingFailed as error:
+            log.warning("GPU sampling failed during a scrape: %s", error)
+            return ()
+
+    def pod_processes(self) -> Mapping[PodRef, Collection[int]]:
+        return self._pod_processes()

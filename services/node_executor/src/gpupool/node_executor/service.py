@@ -518,6 +518,14 @@ class NodeExecutor:
         await session.send(Exited(exit_code=termination.exit_code, reason="preempted"))
         return False
 
+    def pod_processes(self) -> dict[PodRef, list[int]]:
+        """The live processes of each running workload (for the per-pod GPU metrics)."""
+        return {
+            pod: group_members(session.workload.pid)
+            for pod, session in self._sessions.items()
+            if session.workload is not None and session.workload.pid > 0
+        }
+
     # ------------------------------------------------------------------ memory guard
 
     def _guarded_workloads(self) -> list[GuardedWorkload]:
