@@ -7,7 +7,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gpupool.policy.local_config import ConfigError, load_local_cluster
+from gpupool.kube.adapter import KubernetesAsyncioApi
+from gpupool.policy.local_config import ConfigError, LocalCluster, load_local_cluster
 from gpupool.policy.service import PolicyService
 from gpupool.runtime.service import add_common_arguments, common_options, run_service, serve
 
@@ -19,19 +20,31 @@ def main() -> None:
     source.add_argument(
         "--cluster", type=Path, help="local mode: nodes and pods from this YAML file"
     )
-    source.add_argument("--kubernetes", action="store_true", help="watch the Kubernetes API")
+    source.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="watch the Kubernetes API (in-cluster, --kubeconfig or --kube-server)",
+    )
+    parser.add_argument("--kubeconfig", help="with --kubernetes: this kubeconfig file")
+    parser.add_argument(
+        "--kube-server", help="with --kubernetes: this API URL without credentials (kubectl proxy)"
+    )
     args = parser.parse_args()
-    if args.kubernetes:
-        parser.error("--kubernetes: see gpupool.policy.kubernetes (not wired in this build)")
-    try:
-        cluster = load_local_cluster(args.cluster)
-    except ConfigError as exc:
-        print(f"gpupool policy: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    service = PolicyService(cluster)
+    cluster: LocalCluster | None = None
+    if args.cluster is not None:
+        try:
+            cluster = load_local_cluster(args.cluster)
+        except ConfigError as exc:
+            print(f"gpupool policy: {exc}", file=sys.stderr)
+            raise SystemExit(2) from exc
+
+    async def connect() -> KubernetesAsyncioApi:
+        return await KubernetesAsyncioApi.connect(host=args.kube_server, kubeconfig=args.kubeconfig)
+
+    service = PolicyService(cluster, kubernetes=connect if args.kubernetes else None)
 
     async def run(stop: asyncio.Event) -> None:
-        await run_service(service, common_options(args), stop)
+        await run_service(service, common_options(args), stop, projection=service.projection())
 
     serve(run, log_level=args.log_level)
 

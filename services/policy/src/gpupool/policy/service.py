@@ -1,23 +1,37 @@
 """The policy service: validates and registers nodes and pods.
 
 Local mode reads them from a cluster file (``--cluster FILE``); Kubernetes mode
-(``--kubernetes``) watches the API through gpupool.kube. Either way every
-decision is the core's (ConfigureNode, RegisterPod, RemovePod) and every
-rejection is an event.
+(``--kubernetes``) watches the API through gpupool.kube: node labels and QoS
+annotations become ConfigureNode (and the node's status is patched), GPU-sharing
+pods become RegisterPod / RemovePod, rejections become Kubernetes Events, and every
+``Preempted`` in the log is recorded on both pods (events and the
+``Interruption.GPUShareReclaim`` condition). Every decision is the core's and
+every rejection is an event in the log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from contextlib import AsyncExitStack
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack, suppress
 
-from gpupool.core import Command, ConfigureNode, RegisterPod, RemovePod
+from gpupool.core import Command, ConfigureNode, RegisterPod, RemovePod, State
 from gpupool.eventlog.port import StoredEvent
-from gpupool.events import Event, NodeRejected, PodRejected
+from gpupool.events import Envelope, Event, NodeRejected, PodRejected, Preempted
+from gpupool.kube.adapter import KubernetesAsyncioApi
+from gpupool.kube.controllers import KubernetesControllers
+from gpupool.observability.projection import Projection
 from gpupool.policy.local_config import LocalCluster, node_commands, pod_commands
 from gpupool.runtime.decider import DeciderLoop
 
 log = logging.getLogger(__name__)
+
+RECENT_PREEMPTIONS = 1000
+"""Preemptions seen while rebuilding that are recorded again at start (idempotently: the
+Kubernetes event names derive from the log entry ids), so none is lost to a crash between
+the log and the API server."""
 
 
 def command_node(command: Command) -> str:
@@ -31,9 +45,25 @@ def command_node(command: Command) -> str:
 class PolicyService:
     name = "policy"
 
-    def __init__(self, cluster: LocalCluster | None) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster | None,
+        *,
+        kubernetes: Callable[[], Awaitable[KubernetesAsyncioApi]] | None = None,
+    ) -> None:
         self.cluster = cluster
+        self._connect_kubernetes = kubernetes
         self._loop: DeciderLoop | None = None
+        self.controllers: KubernetesControllers | None = None
+        self._recent_preemptions: deque[Envelope] = deque(maxlen=RECENT_PREEMPTIONS)
+
+    def projection(self) -> Projection:
+        """The projection to rebuild into: it remembers recent preemptions to re-record."""
+        return Projection(observers=[self._observe])
+
+    def _observe(self, _: State, envelope: Envelope, __: int) -> None:
+        if isinstance(envelope.event, Preempted):
+            self._recent_preemptions.append(envelope)
 
     async def submit(self, command: Command) -> list[Event]:
         assert self._loop is not None
@@ -48,6 +78,21 @@ class PolicyService:
         if self.cluster is not None:
             for command in [*node_commands(self.cluster), *pod_commands(self.cluster)]:
                 await self.submit(command)
+        if self._connect_kubernetes is not None:
+            api = await self._connect_kubernetes()
+            stack.push_async_callback(api.close)
+            self.controllers = KubernetesControllers(api, self.submit)
+            for envelope in list(self._recent_preemptions):
+                await self.controllers.preemptions.on_envelope(envelope)
+            watching = asyncio.create_task(self.controllers.run(), name="kubernetes-watches")
+
+            async def stop_watching() -> None:
+                watching.cancel()
+                with suppress(asyncio.CancelledError):
+                    await watching
+
+            stack.push_async_callback(stop_watching)
 
     async def react(self, entry: StoredEvent) -> None:
-        return None
+        if self.controllers is not None and isinstance(entry.envelope.event, Preempted):
+            await self.controllers.preemptions.on_envelope(entry.envelope)
