@@ -22,7 +22,13 @@ WAITING = re.compile(r"^You have been waiting for (\d+) seconds\. Approximate po
 
 @asynccontextmanager
 async def running_stack(
-    tmp_path: Path, cluster_yaml: str, node: str, *, gpus: int, start: bool = True
+    tmp_path: Path,
+    cluster_yaml: str,
+    node: str,
+    *,
+    gpus: int,
+    start: bool = True,
+    identity: str = "request",
 ) -> AsyncIterator[LocalStack]:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(cluster_yaml)
@@ -33,6 +39,7 @@ async def running_stack(
         simulate_gpus=gpus,
         message_period=0.5,
         log_level="INFO",
+        identity=identity,
     )
     async with local_stack(settings, start=start) as stack:
         try:

@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from stack_harness import running_stack
+from stack_harness import running_stack, start_workload
 
 from gpupool.cli.local_stack import http_get
 
@@ -91,3 +91,12 @@ async def test_gpupool_up_runs_the_stack_until_interrupted(tmp_path: Path) -> No
     async with asyncio.timeout(60):
         await process.communicate()
     assert process.returncode == 0
+
+
+async def test_kernel_identity_refuses_a_caller_outside_any_pod(tmp_path: Path) -> None:
+    """In Kubernetes mode the executor believes the kernel (cgroup → pod UID), not the request:
+    this test process is in no pod, so it may not act for pod-a."""
+    async with running_stack(tmp_path, CLUSTER, NODE, gpus=2, identity="kernel") as stack:
+        workload = await start_workload(stack, "pod-a")
+        assert await workload.exit_code() == 2
+        assert any("NotInAPod" in line for line in workload.lines), workload.lines

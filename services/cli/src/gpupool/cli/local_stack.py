@@ -50,6 +50,8 @@ class StackSettings:
     ports: dict[str, int] = field(default_factory=dict)
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
+    identity: str = "request"
+    """How the node-executor learns a caller's pod: the request (local) or the kernel."""
 
 
 @dataclass
@@ -162,6 +164,8 @@ class LocalStack:
                 str(self.socket_path),
                 "--state-dir",
                 str(s.state_dir / "node-executor"),
+                "--identity",
+                s.identity,
             ]
             if s.simulate_gpus is not None:
                 args += ["--simulate-gpus", str(s.simulate_gpus)]

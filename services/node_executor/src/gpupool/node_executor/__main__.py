@@ -51,6 +51,13 @@ def main() -> None:
         help="after a restart, how long a waiting pod keeps its place for its client",
     )
     parser.add_argument(
+        "--identity",
+        choices=("kernel", "request"),
+        default=env("GPUPOOL_IDENTITY", "request"),
+        help="kernel: a caller acts only for the pod its cgroup names (Kubernetes); "
+        "request: for the pod it names (local mode)",
+    )
+    parser.add_argument(
         "--simulate-gpus",
         type=int,
         metavar="N",
@@ -91,6 +98,7 @@ def main() -> None:
         supervisor=ProcessSupervisor(records_dir=args.state_dir / "workloads"),
         message_period_seconds=args.message_period,
         reattach_seconds=args.reattach_seconds,
+        identity=args.identity,
     )
 
     readings = ExecutorReadings(args.node_name, inventory, service.sampler, service.pod_processes)

@@ -10,8 +10,12 @@ from __future__ import annotations
 import re
 import socket
 import struct
+from collections.abc import Mapping
+from typing import Literal
 
 import msgspec
+
+from gpupool.events import PodRef
 
 _UCRED = struct.Struct("3i")
 
@@ -72,3 +76,43 @@ def identify_peer(connection: socket.socket) -> PeerIdentity:
     return PeerIdentity(
         pid=pid, uid=uid, gid=gid, cgroup=cgroup, pod_uid=pod_uid_from_cgroup(cgroup)
     )
+
+
+IdentityMode = Literal["kernel", "request"]
+"""``kernel``: the pod is the one whose UID the caller's cgroup names (Kubernetes);
+``request``: the pod named in the request (local mode, where callers are not in pods)."""
+
+
+class IdentityRefused(msgspec.Struct, frozen=True, kw_only=True):
+    reason: str
+    message: str
+
+
+def pod_of_peer(
+    mode: IdentityMode,
+    claimed: PodRef,
+    peer: PeerIdentity,
+    pods_by_uid: Mapping[str, PodRef],
+) -> PodRef | IdentityRefused:
+    """Which pod a caller may act for. In ``kernel`` mode the claim must match the kernel's
+    answer; nobody can ask for a GPU on another pod's behalf."""
+    if mode == "request":
+        return claimed
+    if peer.pod_uid is None:
+        return IdentityRefused(
+            reason="NotInAPod",
+            message=f"the caller (pid {peer.pid}, cgroup {peer.cgroup or '?'}) is not in a "
+            "Kubernetes pod; only pods may use this node's GPUs",
+        )
+    actual = pods_by_uid.get(peer.pod_uid)
+    if actual is None:
+        return IdentityRefused(
+            reason="UnknownPodUid",
+            message=f"pod UID {peer.pod_uid} of the caller is not a registered GPU-sharing pod",
+        )
+    if actual != claimed:
+        return IdentityRefused(
+            reason="IdentityMismatch",
+            message=f"the caller belongs to pod {actual}, not {claimed}",
+        )
+    return actual

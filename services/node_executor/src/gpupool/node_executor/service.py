@@ -39,6 +39,7 @@ from gpupool.events import PodRef, PodRejected, ReleaseReason
 from gpupool.gpus import GpuSampler, Inventory
 from gpupool.node_executor.environment import memory_limit_bytes, workload_environment
 from gpupool.node_executor.memory_guard import GuardedWorkload, MemoryOverrun, guard_memory
+from gpupool.node_executor.peer_identity import IdentityMode, IdentityRefused, pod_of_peer
 from gpupool.node_executor.processes import (
     ProcessSupervisor,
     Workload,
@@ -107,6 +108,7 @@ class NodeExecutor:
         message_period_seconds: float | None = None,
         memory_guard_period_seconds: float = DEFAULT_MEMORY_GUARD_PERIOD_SECONDS,
         reattach_seconds: float = DEFAULT_REATTACH_SECONDS,
+        identity: IdentityMode = "request",
     ) -> None:
         self.node = node
         self.inventory = inventory
@@ -116,6 +118,7 @@ class NodeExecutor:
         self.message_period_override = message_period_seconds
         self.memory_guard_period = memory_guard_period_seconds
         self.reattach_seconds = reattach_seconds
+        self.identity: IdentityMode = identity
         self._loop: DeciderLoop | None = None
         self._sessions: dict[PodRef, PodSession] = {}
         self._oom: dict[PodRef, MemoryOverrun] = {}
@@ -238,7 +241,15 @@ class NodeExecutor:
     # ------------------------------------------------------------------ connections
 
     async def handle(self, request: RunRequest, fds: StdioFds, channel: Channel) -> None:
-        pod = request.pod
+        pods_by_uid = {
+            pod.uid: pod.ref for pod in self.loop.projection.state.pods_on(self.node) if pod.uid
+        }
+        identity = pod_of_peer(self.identity, request.pod, channel.peer, pods_by_uid)
+        if isinstance(identity, IdentityRefused):
+            log.warning("node-executor: refused a caller: %s", identity.message)
+            await channel.send(Rejected(reason=identity.reason, message=identity.message))
+            return
+        pod = identity
         session = self._sessions.get(pod)
         if session is not None:
             if session.channel is not None and not session.channel.client_gone:
