@@ -342,7 +342,7 @@ def test_policy_watches_kubernetes_and_node_executor_knows_its_node() -> None:
     executor = workload_of(docs, "node-executor")
     assert executor["kind"] == "DaemonSet"
     (container,) = containers(executor)
-    assert container["args"] == ["--socket", "/run/gpupool/gpupool.sock"]
+    assert container["args"] == ["--socket", "/run/gpupool/gpupool.sock", "--identity", "kernel"]
     env = env_of(container)
     assert env["GPUPOOL_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
