@@ -73,5 +73,13 @@ async def test_pooling_metrics_at_t1_and_after_a_rebuild(tmp_path: Path) -> None
         after = await scrape(stack, "admission-queue")
         assert after == before, "the metrics changed across a rebuild from the log"
 
+        # a graceful stop saves a snapshot; the next start resumes from it, same figures
+        assert await stack.stop_service("admission-queue") == 0
+        await stack.restart("admission-queue")
+        service_log = stack.services["admission-queue"].log_path.read_text()
+        assert "admission-queue: snapshot saved, covering sequence" in service_log
+        assert "admission-queue: resuming after sequence" in service_log
+        assert await scrape(stack, "admission-queue") == before
+
         for workload in workloads.values():
             assert await workload.finish() == 0

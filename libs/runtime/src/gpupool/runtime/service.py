@@ -16,6 +16,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
+from pathlib import Path
 from typing import Protocol
 
 import msgspec
@@ -25,6 +26,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
 from gpupool.observability.projection import Projection
+from gpupool.observability.snapshot_store import (
+    FileSnapshotStore,
+    load_projection,
+    save_projection,
+)
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.http import HttpEndpoint
 
@@ -37,6 +43,8 @@ class ServiceOptions(msgspec.Struct, kw_only=True):
     http_port: int
     stream: str
     instance: str
+    snapshot_dir: Path | None = None
+    snapshot_every: int = 10_000
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
@@ -67,6 +75,20 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) 
         default=env("GPUPOOL_INSTANCE", socket.gethostname()),
         help="this replica's name: its durable consumer is <service>-<instance>",
     )
+    parser.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        default=env("GPUPOOL_SNAPSHOT_DIR"),
+        help="keep a snapshot of the projection here; a restart resumes from it "
+        "instead of replaying the whole log (env GPUPOOL_SNAPSHOT_DIR)",
+    )
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="save a snapshot after every N new log entries (and on stop)",
+    )
     parser.add_argument("--log-level", default=env("GPUPOOL_LOG_LEVEL", "INFO"))
 
 
@@ -77,6 +99,8 @@ def common_options(args: argparse.Namespace) -> ServiceOptions:
         http_port=args.http_port,
         stream=args.stream,
         instance=args.instance,
+        snapshot_dir=Path(args.snapshot_dir) if args.snapshot_dir else None,
+        snapshot_every=args.snapshot_every,
     )
 
 
@@ -119,12 +143,22 @@ async def run_service(
     stop: asyncio.Event,
     *,
     registry_factory: Callable[[Projection], CollectorRegistry] | None = None,
-    projection: Projection | None = None,
+    projection_factory: Callable[[], Projection] = Projection,
     on_listening: Callable[[int], Awaitable[None]] | None = None,
 ) -> None:
     async with AsyncExitStack() as stack:
         event_log = await JetStreamEventLog.connect(options.nats_url, stream=options.stream)
         stack.push_async_callback(event_log.close)
+        snapshots: FileSnapshotStore | None = None
+        if options.snapshot_dir is not None:
+            options.snapshot_dir.mkdir(parents=True, exist_ok=True)
+            snapshots = FileSnapshotStore(
+                options.snapshot_dir / f"{service.name}-{options.instance}.snapshot"
+            )
+            projection, why = await load_projection(snapshots, empty=projection_factory)
+            log.info("%s: %s", service.name, why)
+        else:
+            projection = projection_factory()
         loop = DeciderLoop(event_log, service=service.name, projection=projection)
         registry = (
             registry_factory(loop.projection)
@@ -155,6 +189,18 @@ async def run_service(
         consumer = asyncio.create_task(
             loop.consume(f"{service.name}-{options.instance}", service.react)
         )
+        if snapshots is not None:
+            store = snapshots
+            saver = asyncio.create_task(_keep_snapshots(store, loop, options.snapshot_every))
+
+            async def final_snapshot() -> None:
+                saver.cancel()
+                with suppress(asyncio.CancelledError):
+                    await saver
+                covered = await save_projection(store, loop.projection)
+                log.info("%s: snapshot saved, covering sequence %d", service.name, covered)
+
+            stack.push_async_callback(final_snapshot)
         stopping = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({consumer, stopping}, return_when=asyncio.FIRST_COMPLETED)
         for task in (consumer, stopping):
@@ -164,6 +210,18 @@ async def run_service(
         if consumer in done and consumer.exception() is not None:
             raise consumer.exception()  # type: ignore[misc]
         log.info("%s: stopped", service.name)
+
+
+SNAPSHOT_CHECK_SECONDS = 5.0
+
+
+async def _keep_snapshots(store: FileSnapshotStore, loop: DeciderLoop, every: int) -> None:
+    """Save a snapshot whenever ``every`` new entries were folded since the last one."""
+    saved = loop.projection.last_seq
+    while True:
+        await asyncio.sleep(SNAPSHOT_CHECK_SECONDS)  # a periodic job: nothing to wait on
+        if loop.projection.last_seq - saved >= every:
+            saved = await save_projection(store, loop.projection)
 
 
 def serve(main: Callable[[asyncio.Event], Awaitable[None]], *, log_level: str = "INFO") -> None:

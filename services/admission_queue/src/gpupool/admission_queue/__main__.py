@@ -22,7 +22,7 @@ def main() -> None:
             common_options(args),
             stop,
             registry_factory=queue_registry,
-            projection=metrics_projection(),
+            projection_factory=metrics_projection,
         )
 
     serve(run, log_level=args.log_level)

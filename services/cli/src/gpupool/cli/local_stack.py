@@ -153,6 +153,8 @@ class LocalStack:
             "local",
             "--log-level",
             s.log_level,
+            "--snapshot-dir",
+            str(s.state_dir / "snapshots"),
         ]
         if name == "policy":
             args += ["--cluster", str(s.cluster_file)]
@@ -187,6 +189,10 @@ class LocalStack:
     async def restart(self, name: str) -> None:
         await self.services[name].start(self._env())
         await self.wait_ready([name])
+
+    async def stop_service(self, name: str) -> int | None:
+        """SIGTERM: the service drains (and saves its snapshot)."""
+        return await self.services[name].stop()
 
     async def kill(self, name: str) -> None:
         """kill -9: no drain, no goodbye (for crash tests)."""

@@ -44,7 +44,9 @@ def main() -> None:
     service = PolicyService(cluster, kubernetes=connect if args.kubernetes else None)
 
     async def run(stop: asyncio.Event) -> None:
-        await run_service(service, common_options(args), stop, projection=service.projection())
+        await run_service(
+            service, common_options(args), stop, projection_factory=service.projection
+        )
 
     serve(run, log_level=args.log_level)
 
