@@ -24,34 +24,7 @@ def evolve(state: State, envelope: Envelope) -> State:
     """Apply one event; unknown pods/nodes in an event are ignored (the deciders never emit them)."""
     event = envelope.event
     match event:
-        case NodeConfigured():
-            node = state.node(event.node)
-            node.policy = event.policy
-            node.qos = event.qos
-            node.gpu_count = event.gpu_count
-            node.rejection = None
-        case NodeDisabled():
-            node = state.node(event.node)
-            node.policy = None
-            node.rejection = None
-        case NodeRejected():
-            state.node(event.node).rejection = (event.reason, event.message)
-        case GpuInventoryReported():
-            node = state.node(event.node)
-            node.gpus = event.gpus
-            node.inventory_source = event.source
-        case PodRegistered():
-            state.pods[event.pod] = PodState(
-                ref=event.pod,
-                node=event.node,
-                policy=event.policy,
-                requests=event.requests,
-                limits=event.limits,
-                priority=event.priority,
-                uid=event.uid,
-                registered_at=envelope.time,
-            )
-            state.node(event.node).pods[event.pod] = None
+        # the most frequent events first: a match tries its cases in order
         case PodReady():
             pod = state.pods.get(event.pod)
             if pod is not None:
@@ -68,23 +41,51 @@ def evolve(state: State, envelope: Envelope) -> State:
                 pod.gpu_uuid = event.gpu_uuid
                 pod.running_since = envelope.time
                 pod.ready_since = None
+        case Released():
+            pod = state.pods.get(event.pod)
+            if pod is not None:
+                _to_dormant(pod)
         case Preempted():
             pod = state.pods.get(event.victim)
             if pod is not None:
                 pod.evicted_by = event.preemptor
                 pod.evict_reason = event.reason
-        case Released():
-            pod = state.pods.get(event.pod)
-            if pod is not None:
-                _to_dormant(pod)
+        case PodRegistered():
+            state.pods[event.pod] = PodState(
+                ref=event.pod,
+                node=event.node,
+                policy=event.policy,
+                requests=event.requests,
+                limits=event.limits,
+                priority=event.priority,
+                uid=event.uid,
+                registered_at=envelope.time,
+            )
+            state.node(event.node).pods[event.pod] = None
         case PodRemoved():
             pod = state.pods.pop(event.pod, None)
             if pod is not None:
                 state.node(pod.node).pods.pop(event.pod, None)
-        case MessageRejected():
-            state.rejected_messages += 1
         case PodRejected():
             pass
+        case GpuInventoryReported():
+            node = state.node(event.node)
+            node.gpus = event.gpus
+            node.inventory_source = event.source
+        case NodeConfigured():
+            node = state.node(event.node)
+            node.policy = event.policy
+            node.qos = event.qos
+            node.gpu_count = event.gpu_count
+            node.rejection = None
+        case NodeDisabled():
+            node = state.node(event.node)
+            node.policy = None
+            node.rejection = None
+        case NodeRejected():
+            state.node(event.node).rejection = (event.reason, event.message)
+        case MessageRejected():
+            state.rejected_messages += 1
     return state
 
 
