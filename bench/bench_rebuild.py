@@ -6,8 +6,11 @@ the raw decode-only speed of the same entries in the same run.
 The log is made by the core simulator: a few template nodes, each simulated on its own
 (ready/complete/cancel/fail/oom, preemption by priority and by max duration, requeue),
 then cloned under new node, namespace and id names until there are N entries (nodes are
-independent, so every clone is a valid history). Entries are JSON-encoded envelopes
-held in memory (the JetStream replay is measured by bench_eventlog.py). The rebuild
+independent, so every clone is a valid history). Entries are JSON-encoded envelopes,
+held in memory for the first table; the second table puts the same entries in a real
+JetStream stream (nats-server started here) and measures, in the same run, the raw
+replay of that stream (an ordered consumer counting messages) against a service's
+rebuild from it (replay, decode, fold) from zero and from the snapshot. The rebuild
 keeps statistics (metrics_projection), as the admission-queue service does.
 
 Prints a table; no assertions (the numbers depend on the machine), except that the
@@ -16,15 +19,20 @@ resumed projection equals the one rebuilt from zero.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import heapq
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 
 import msgspec
+import nats
+from nats.aio.msg import Msg
 
 from gpupool.core.simulation import (
     ActionKind,
@@ -35,6 +43,8 @@ from gpupool.core.simulation import (
     ScenarioShare,
     simulate,
 )
+from gpupool.eventlog import JetStreamEventLog, StoredEvent, subject_for
+from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.events import Envelope, decode_envelope, encode_envelope
 from gpupool.observability import (
     Projection,
@@ -226,7 +236,85 @@ def main(n: int) -> None:
     print(f"rebuild from zero / decode only (cpu): {zero_s.cpu / decode_s.cpu:.2f}")
     print(f"resume from snapshot / rebuild from zero (cpu): {resume_s.cpu / zero_s.cpu:.3f}")
     print("resumed projection == projection rebuilt from zero: yes")
+    if "--skip-jetstream" not in sys.argv:
+        asyncio.run(jetstream_phase(encoded, cut, from_zero, snapshot))
+
+
+async def jetstream_phase(
+    encoded: list[bytes], cut: int, from_zero: Projection, snapshot: bytes
+) -> None:
+    """The same entries in a JetStream stream: raw replay vs. rebuild from it."""
+    with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
+        async with run_nats_server(Path(tmp)) as url:
+            nc = await nats.connect(url)
+            js = nc.jetstream()
+            await js.add_stream(name="GPUPOOL", subjects=["gpupool.log.>"])
+            subjects = [subject_for(decode_envelope(data).event) for data in encoded]
+            start = time.perf_counter()
+            window = 2000
+            for offset in range(0, len(encoded), window):
+                acks = [
+                    await js.publish_async(subject, data)
+                    for subject, data in zip(
+                        subjects[offset : offset + window],
+                        encoded[offset : offset + window],
+                        strict=True,
+                    )
+                ]
+                await asyncio.gather(*acks)
+            loaded = time.perf_counter() - start
+            total = len(encoded)
+
+            done = asyncio.Event()
+            count = 0
+
+            async def on_msg(msg: Msg) -> None:
+                nonlocal count
+                count += 1
+                if count == total:
+                    done.set()
+
+            start = time.perf_counter()
+            subscription = await js.subscribe("gpupool.log.>", cb=on_msg, ordered_consumer=True)
+            await done.wait()
+            raw = time.perf_counter() - start
+            await subscription.unsubscribe()
+            await nc.close()
+
+            log = await JetStreamEventLog.connect(url)
+            start = time.perf_counter()
+            rebuilt = metrics_projection()
+            async for entry in log.replay():
+                assert isinstance(entry, StoredEvent)
+                rebuilt.apply(entry.seq, entry.envelope)
+            zero = time.perf_counter() - start
+            start = time.perf_counter()
+            resumed = Projection.from_snapshot(decode_snapshot(snapshot))
+            async for entry in log.replay(from_seq=cut + 1):
+                assert isinstance(entry, StoredEvent)
+                resumed.apply(entry.seq, entry.envelope)
+            from_snapshot = time.perf_counter() - start
+            await log.close()
+    assert rebuilt.state == from_zero.state == resumed.state
+    assert rebuilt.statistics == resumed.statistics
+    print()
+    print(
+        f"JetStream (same {total:,} entries, one stream, file storage; loaded in {loaded:.1f} s "
+        f"at {total / loaded:,.0f}/s with publish_async)"
+    )
+    print(f"{'phase':<48} {'entries':>10} {'wall s':>8} {'entries/s':>12} {'x raw':>7}")
+    for name, entries, seconds in (
+        ("raw replay (ordered consumer, count only)", total, raw),
+        ("rebuild from zero (replay + decode + fold)", total, zero),
+        (f"resume from snapshot at {SNAPSHOT_AT:.0%}", total - cut, from_snapshot),
+    ):
+        print(
+            f"{name:<48} {entries:>10,} {seconds:>8.2f} {entries / seconds:>12,.0f} "
+            f"{seconds / raw:>7.2f}"
+        )
+    print("rebuilt from JetStream == resumed from the snapshot == rebuilt in memory: yes")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)
+    sizes = [int(arg) for arg in sys.argv[1:] if arg.isdigit()]
+    main(sizes[0] if sizes else 1_000_000)
