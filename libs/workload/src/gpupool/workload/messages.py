@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from gpupool.core import waiting_message as waiting_message
 from gpupool.workload.protocol import ExecutorMessage, Exited, Preempted, Rejected, Started, Waiting
 
 EXIT_REJECTED = 2
@@ -14,11 +15,6 @@ EXIT_PREEMPTED = 75
 """EX_TEMPFAIL: the command was preempted and not re-queued; running it again may succeed."""
 EXIT_OUT_OF_MEMORY = 137
 """128 + SIGKILL: the command exceeded the pod's GPU memory limit and was killed."""
-
-
-def waiting_message(seconds: int, position: int) -> str:
-    """The source document's waiting line, byte for byte (without the newline)."""
-    return f"You have been waiting for {seconds} seconds. Approximate position: {position}"
 
 
 def preempted_message(by: str) -> str:
