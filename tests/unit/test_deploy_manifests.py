@@ -447,7 +447,8 @@ def test_node_executor_has_exactly_the_privileges_it_needs(target: str) -> None:
     assert context["allowPrivilegeEscalation"] is False
     assert (context["runAsUser"], context["runAsGroup"]) == (0, 10001)  # the socket's group
     host_paths = [volume["hostPath"]["path"] for volume in spec["volumes"] if "hostPath" in volume]
-    assert host_paths == ["/run/gpupool"]
+    # the workloads' socket, and the executor's own workload records (crash recovery)
+    assert sorted(host_paths) == ["/run/gpupool", "/var/lib/gpupool/node-executor"]
 
 
 def granted(docs: list[Doc], account: str) -> set[tuple[str, str, str]]:
