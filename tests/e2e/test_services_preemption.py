@@ -10,7 +10,7 @@ from pathlib import Path
 from stack_harness import envelopes, of_type, read_log, running_stack, start_workload
 
 from gpupool.core import fold
-from gpupool.events import Assigned, PodRef, Preempted, Released
+from gpupool.events import Assigned, PodReady, PodRef, Preempted, Released
 from gpupool.workload.messages import EXIT_PREEMPTED
 
 NODE = "node-1"
@@ -85,3 +85,41 @@ async def test_preemption_kills_the_victims_processes_and_runs_the_waiter(tmp_pa
     assert released.exit_code == 137  # SIGKILL: it ignored SIGTERM
     state = fold(log)
     assert state.pods[PodRef(namespace="default", name="low")].phase == "dormant"
+
+
+async def test_a_preempted_workload_with_requeue_queues_again_and_runs_after_the_preemptor(
+    tmp_path: Path,
+) -> None:
+    async with running_stack(tmp_path, CLUSTER, NODE, gpus=1) as stack:
+        low = await start_workload(stack, "low", extra=["--requeue"])
+        await low.until_line(lambda line: line.startswith("running on"))
+        high = await start_workload(stack, "high")
+        await high.until_line(lambda line: line.startswith("running on"))
+        await low.until_line(lambda line: line == "GPU is preempted by high.")
+        # low is back in the queue, behind nobody but blocked by high's limit of 100
+        await low.until_line(lambda line: line.endswith("Approximate position: 1"))
+        assert await high.finish() == 0
+        # the command runs a second time, on the GPU high gave back
+        await low.until_line(lambda _: low.lines.count("running on GPU-SIMULATED-node-1-0") == 2)
+        assert await low.finish() == 0
+        log = envelopes(await read_log(stack))
+    low_events = [
+        (type(e.event).__name__, getattr(e.event, "reason", None))
+        for e in log
+        if (
+            e.event.victim.name
+            if isinstance(e.event, Preempted)
+            else getattr(e.event, "pod", PodRef(namespace="", name="")).name
+        )
+        == "low"
+        and isinstance(e.event, PodReady | Assigned | Preempted | Released)
+    ]
+    assert low_events == [
+        ("PodReady", None),
+        ("Assigned", None),
+        ("Preempted", "priority"),
+        ("Released", "preempted"),
+        ("PodReady", None),
+        ("Assigned", None),
+        ("Released", "completed"),
+    ]
