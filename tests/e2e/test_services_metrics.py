@@ -4,6 +4,8 @@ the same figures after a kill -9 and a rebuild from the log."""
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -83,3 +85,36 @@ async def test_pooling_metrics_at_t1_and_after_a_rebuild(tmp_path: Path) -> None
 
         for workload in workloads.values():
             assert await workload.finish() == 0
+
+
+SPEC_FIXED_LINT = {
+    f"{name} label names should be written in 'snake_case' not 'camelCase'"
+    for name in ("DCGM_FI_POOLING_STATUS", "DCGM_FI_POOLING_POSITION")
+}
+"""SPEC.md section 5 fixes the label NodeName; promtool's style lint objects to it, and that
+is the only objection allowed."""
+
+
+async def test_promtool_checks_the_metrics_of_every_running_service(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed: run ./go setup (scripts/install-prometheus.sh)"
+    cluster = (ROOT / "scenarios" / "worked-example.yaml").read_text()
+    async with running_stack(tmp_path, cluster, NODE, gpus=2) as stack:
+        workload = await start_workload(stack, "pod-a")
+        await wait_for_log(stack, lambda log: bool(of_type(log, Assigned, "pod-a")))
+        for name, service in stack.services.items():
+            status, body = await http_get(service.port, "/metrics")
+            assert status == 200
+            checked = await asyncio.create_subprocess_exec(
+                promtool,
+                "check",
+                "metrics",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            output, _ = await checked.communicate(body)
+            problems = {line.strip() for line in output.decode().splitlines() if line.strip()}
+            assert problems <= SPEC_FIXED_LINT, (name, problems)
+            assert checked.returncode in (0, 3), (name, output)  # 3: lint findings only
+        assert await workload.finish() == 0
