@@ -134,7 +134,7 @@ async def test_memory_over_the_limit_ends_the_pod_as_out_of_memory(
         devnull = os.open(os.devnull, os.O_RDWR)
         request = RunRequest(
             pod=PodRef(namespace="default", name="hungry"),
-            argv=[sys.executable, "-c", "import sys; sys.stdin.read()"],
+            argv=[sys.executable, "-c", "import signal; signal.pause()"],  # runs until ended
             cwd="/",
             env={},
         )
