@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Sequence
 from typing import Protocol, TypeAlias
@@ -68,8 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        # The reader went away (``gpupool log | head``): not an error of ours.
-        sys.stderr.close()
+        # The reader went away (``gpupool log | head``): not an error of ours. Point stdout
+        # at /dev/null so that the interpreter's final flush does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     assert isinstance(result, int)
     return result
