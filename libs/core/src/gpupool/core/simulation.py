@@ -102,6 +102,9 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     timeline: list[ScenarioAction] = []
     start: datetime = DEFAULT_START
     description: str = ""
+    max_events: int = 1_000_000
+    """A scenario that has not settled after this many events is an error, not a hang (e.g.
+    tasks longer than podMaxDurationMinutes, re-queued after every preemption, never finish)."""
 
 
 class ScenarioError(ValueError):
@@ -152,6 +155,8 @@ class Simulator:
         self._timers: list[tuple[datetime, int, _Timer]] = []
         self._timer_seq = 0
         self._runs_for: dict[PodRef, float] = {}
+        self._checks_due: set[tuple[str, datetime]] = set()
+        """Preemption checks already on the timer (one per node and moment)."""
         self._completion_due: dict[PodRef, int] = {}
         self._requeue = {
             PodRef(namespace=p.namespace, name=p.name) for p in scenario.pods if p.requeue
@@ -160,6 +165,11 @@ class Simulator:
 
     # -- the log
     def _emit(self, events: list[Event], now: datetime) -> list[Event]:
+        if len(self.log) + len(events) > self.scenario.max_events:
+            raise ScenarioError(
+                f"the scenario has not settled after {self.scenario.max_events} events "
+                f"(simulated time {now.isoformat()}); raise max_events if that is expected"
+            )
         cause = self.log[-1].id if self.log else ""
         for event in events:
             envelope = Envelope(
@@ -206,7 +216,9 @@ class Simulator:
                 break
         check = next_preemption_check(self.state, node, now)
         if check is not None:
-            self._timer(check, _PreemptionCheck(node=node))
+            if (node, check) not in self._checks_due:
+                self._checks_due.add((node, check))
+                self._timer(check, _PreemptionCheck(node=node))
 
     # -- the scenario
     def run(self) -> list[Envelope]:
@@ -254,6 +266,7 @@ class Simulator:
                 case ScenarioAction():
                     self._act(timer, now)
                 case _PreemptionCheck():
+                    self._checks_due.discard((timer.node, now))
                     self._settle(timer.node, now)
                 case _Completion():
                     if self._completion_due.get(timer.pod) == timer.token:
