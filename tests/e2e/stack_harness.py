@@ -29,6 +29,7 @@ async def running_stack(
     gpus: int,
     start: bool = True,
     identity: str = "request",
+    run_in: str = "executor",
 ) -> AsyncIterator[LocalStack]:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(cluster_yaml)
@@ -40,6 +41,7 @@ async def running_stack(
         message_period=0.5,
         log_level="INFO",
         identity=identity,
+        run_in=run_in,
     )
     async with local_stack(settings, start=start) as stack:
         try:

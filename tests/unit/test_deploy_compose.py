@@ -141,7 +141,14 @@ def test_real_gpu_node_executor_has_the_runtime_and_privileges_it_needs() -> Non
     assert executor["profiles"] == ["gpu"]
     assert executor["pid"] == "host"
     assert executor["cap_drop"] == ["ALL"]
-    assert executor["cap_add"] == ["KILL", "SYS_PTRACE"]
+    assert executor["cap_add"] == [
+        "KILL",
+        "SYS_PTRACE",
+        "SYS_ADMIN",
+        "SYS_CHROOT",
+        "SETUID",
+        "SETGID",
+    ]
     (device,) = executor["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["count"] == "all"
     assert executor["environment"]["NVIDIA_VISIBLE_DEVICES"] == "all"

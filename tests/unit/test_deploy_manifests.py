@@ -442,7 +442,10 @@ def test_node_executor_has_exactly_the_privileges_it_needs(target: str) -> None:
     assert not spec.get("hostNetwork") and not spec.get("hostIPC")
     (container,) = containers(executor)
     context = container["securityContext"]
-    assert context["capabilities"] == {"drop": ["ALL"], "add": ["KILL", "SYS_PTRACE"]}
+    assert context["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["KILL", "SYS_PTRACE", "SYS_ADMIN", "SYS_CHROOT", "SETUID", "SETGID"],
+    }
     assert context["privileged"] is False
     assert context["allowPrivilegeEscalation"] is False
     assert (context["runAsUser"], context["runAsGroup"]) == (0, 10001)  # the socket's group

@@ -52,6 +52,8 @@ class StackSettings:
     extra_env: dict[str, str] = field(default_factory=dict)
     identity: str = "request"
     """How the node-executor learns a caller's pod: the request (local) or the kernel."""
+    run_in: str = "executor"
+    """Where the node-executor runs commands: its own namespaces or the caller's."""
 
 
 @dataclass
@@ -168,6 +170,8 @@ class LocalStack:
                 str(s.state_dir / "node-executor"),
                 "--identity",
                 s.identity,
+                "--run-in",
+                s.run_in,
             ]
             if s.simulate_gpus is not None:
                 args += ["--simulate-gpus", str(s.simulate_gpus)]

@@ -58,6 +58,12 @@ def main() -> None:
         "request: for the pod it names (local mode)",
     )
     parser.add_argument(
+        "--run-in",
+        choices=("caller", "executor"),
+        help="where commands run: in the caller's namespaces (its pod's container; the default "
+        "with --identity kernel) or in the executor's (the default in local mode)",
+    )
+    parser.add_argument(
         "--simulate-gpus",
         type=int,
         metavar="N",
@@ -99,6 +105,10 @@ def main() -> None:
         message_period_seconds=args.message_period,
         reattach_seconds=args.reattach_seconds,
         identity=args.identity,
+        run_in_caller_namespaces=(
+            args.run_in or ("caller" if args.identity == "kernel" else "executor")
+        )
+        == "caller",
     )
 
     readings = ExecutorReadings(args.node_name, inventory, service.sampler, service.pod_processes)

@@ -38,6 +38,28 @@ SHIM = ("-I", "-S", str(Path(__file__).with_name("shim.py")))
 its start-up costs a few milliseconds, not the tens a full interpreter start takes."""
 
 
+NSENTER = "nsenter"
+
+
+def caller_namespace_command(
+    pid: int, argv: Sequence[str], cwd: str, run_as: tuple[int, int] | None
+) -> list[str]:
+    """``argv`` run inside the namespaces of process ``pid`` (util-linux nsenter; no shell)."""
+    command = [
+        NSENTER,
+        f"--target={pid}",
+        "--mount",
+        "--uts",
+        "--ipc",
+        "--net",
+        "--pid",
+        f"--wd={cwd}",
+    ]
+    if run_as is not None:
+        command += [f"--setuid={run_as[0]}", f"--setgid={run_as[1]}"]
+    return [*command, "--", *argv]
+
+
 class WorkloadStartFailed(RuntimeError):
     """The command could not be started; ``exit_code`` follows the shell (127 not found, 126 other)."""
 
@@ -310,22 +332,29 @@ class ProcessSupervisor:
         fds: StdioFds,
         *,
         run_as: tuple[int, int] | None = None,
+        namespaces_of: int | None = None,
     ) -> Workload:
         """Run ``argv`` (no shell) in a new session with ``fds`` as stdin/stdout/stderr.
 
         ``run_as`` is (uid, gid): the workload runs as that user with no supplementary groups
         (the executor passes the connecting peer's credentials, so no one gains privileges).
+        ``namespaces_of`` is a pid (the caller's): the command runs in that process's mount,
+        UTS, IPC, network and PID namespaces — in Kubernetes, inside the pod's container, with
+        the pod's files — entered with ``nsenter``, which drops to ``run_as`` once inside.
         """
         identity: dict[str, object] = {}
-        if run_as is not None and run_as != (os.getuid(), os.getgid()):
+        command = list(argv)
+        if namespaces_of is not None:
+            command = caller_namespace_command(namespaces_of, argv, cwd, run_as)
+            cwd = "/"  # the caller's cwd exists in its mount namespace, not necessarily here
+        elif run_as is not None and run_as != (os.getuid(), os.getgid()):
             identity = {"user": run_as[0], "group": run_as[1], "extra_groups": []}
         record_path: Path | None = None
         status_file: Path | None = None
-        command = list(argv)
         if self.records_dir is not None and argv:
             record_path, status_file = self._paths(pod)
             status_file.unlink(missing_ok=True)
-            command = [sys.executable, *SHIM, str(status_file), "--", *argv]
+            command = [sys.executable, *SHIM, str(status_file), "--", *command]
         try:
             if not argv:
                 raise ValueError("empty command")

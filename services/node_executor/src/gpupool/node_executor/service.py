@@ -109,6 +109,7 @@ class NodeExecutor:
         memory_guard_period_seconds: float = DEFAULT_MEMORY_GUARD_PERIOD_SECONDS,
         reattach_seconds: float = DEFAULT_REATTACH_SECONDS,
         identity: IdentityMode = "request",
+        run_in_caller_namespaces: bool = False,
     ) -> None:
         self.node = node
         self.inventory = inventory
@@ -119,6 +120,7 @@ class NodeExecutor:
         self.memory_guard_period = memory_guard_period_seconds
         self.reattach_seconds = reattach_seconds
         self.identity: IdentityMode = identity
+        self.run_in_caller_namespaces = run_in_caller_namespaces
         self._loop: DeciderLoop | None = None
         self._sessions: dict[PodRef, PodSession] = {}
         self._oom: dict[PodRef, MemoryOverrun] = {}
@@ -434,6 +436,9 @@ class NodeExecutor:
                 request.cwd,
                 session.fds,
                 run_as=(peer.uid, peer.gid) if peer is not None else None,
+                namespaces_of=peer.pid
+                if peer is not None and self.run_in_caller_namespaces
+                else None,
             )
         except WorkloadStartFailed as error:
             await self._release(session.pod, "failed", error.exit_code)
