@@ -70,6 +70,8 @@ class DeciderLoop:
         self.conflicts = 0
         self.ready = False
         self._node_locks: dict[str, asyncio.Lock] = {}
+        self._caught_up: set[int] = set()
+        """Sequences of others' events folded by a catch-up after a conflict, not yet reacted to."""
 
     async def rebuild(self) -> int:
         """Fold every entry present in the log; returns how many were new."""
@@ -111,11 +113,12 @@ class DeciderLoop:
             return await self._execute(command, node=node, cause=cause)
 
     async def _execute(self, command: Command, *, node: str, cause: Envelope | None) -> list[Event]:
+        committed: list[Event] = []  # appended before a batch met a conflict half-way
         for _ in range(MAX_CONFLICT_RETRIES):
             now = self.clock()
             events = decide(self.projection.state, command, now)
             if not events:
-                return []
+                return committed
             correlation = (
                 cause.correlation_id or cause.id if cause is not None else uuid.uuid4().hex
             )
@@ -141,14 +144,29 @@ class DeciderLoop:
             except ConcurrencyConflict as conflict:
                 self.conflicts += 1
                 log.info("%s: %s; catching up and deciding again", self.service, conflict)
-                await self.rebuild()
+                # what the batch committed before the conflict is ours: fold it and report it
+                for seq, envelope in zip(conflict.appended, envelopes, strict=False):
+                    self.projection.apply(seq, envelope)
+                    committed.append(envelope.event)
+                await self._catch_up()
                 continue
             for seq, envelope in zip(seqs, envelopes, strict=True):
                 self.projection.apply(seq, envelope)
-            return events
+            return committed + events
         raise RuntimeError(
             f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"
         )
+
+    async def _catch_up(self) -> None:
+        """Fold what others appended since; their events still get a reaction in ``consume``.
+
+        Only the start-up rebuild is followed by ``Service.start``, which decides for
+        every node; a catch-up may fold entries of *other* nodes (or other commands'
+        causes) that nothing else would react to.
+        """
+        async for entry in self.log.replay(from_seq=self.projection.last_seq + 1):
+            if await self.fold(entry) and isinstance(entry, StoredEvent):
+                self._caught_up.add(entry.seq)
 
     async def consume(self, durable: str, react: Reaction) -> None:
         """Fold live entries and react to each event; ack after the reaction committed."""
@@ -157,10 +175,14 @@ class DeciderLoop:
             self.ready = True
             async for delivery in subscription:
                 entry = delivery.entry
-                # React only to entries not folded before (own appends and the
-                # rebuild already saw the others; decisions are made from the
-                # state, so a skipped reaction loses nothing).
-                if await self.fold(entry) and isinstance(entry, StoredEvent):
+                # React only to entries not folded before (own appends, and the
+                # start-up rebuild, after which the service decided for every node;
+                # decisions are made from the state, so such a skipped reaction loses
+                # nothing), or folded by a catch-up after a conflict (nothing reacted).
+                new = await self.fold(entry)
+                caught_up = entry.seq in self._caught_up
+                self._caught_up.discard(entry.seq)
+                if (new or caught_up) and isinstance(entry, StoredEvent):
                     await react(entry)
                 await delivery.ack()
         finally:
