@@ -147,10 +147,10 @@ async def _wait_adopted(pid: int, status_file: Path | None) -> int:
     No status means the shim itself was killed before it could write one, which only
     SIGKILL does (it catches the others): 128 + 9.
     """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        pidfd = None
+    pidfd = None
+    if pid > 0:  # -1: the record's pid was already gone (or reused) when it was adopted
+        with contextlib.suppress(ProcessLookupError):
+            pidfd = os.pidfd_open(pid)
     if pidfd is not None:
         try:
             fields = _stat_fields(pid)
