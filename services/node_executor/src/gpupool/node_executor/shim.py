@@ -26,7 +26,8 @@ from pathlib import Path
 
 
 def write_status(path: Path, code: int) -> None:
-    temporary = path.with_suffix(".tmp")
+    # not path.with_suffix(".tmp"): that is where the executor writes the workload's record
+    temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(f"{code}\n")
     os.replace(temporary, path)
 
