@@ -24,11 +24,14 @@ _REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     413: "Payload Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
 MAX_BODY = 16 * 1024 * 1024
+REQUEST_TIMEOUT_SECONDS = 10.0
+"""A client must send its whole request (line, headers, body) within this time."""
 
 
 class HttpEndpoint:
@@ -37,8 +40,10 @@ class HttpEndpoint:
         *,
         registry: CollectorRegistry | None = None,
         is_ready: Callable[[], bool] = lambda: True,
+        request_timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
     ) -> None:
         self.routes: dict[tuple[str, str], Handler] = {}
+        self.request_timeout = request_timeout_seconds
         self.registry = registry
         self._is_ready = is_ready
         self._server: asyncio.Server | None = None
@@ -95,22 +100,27 @@ class HttpEndpoint:
             await writer.wait_closed()
 
     async def _respond(self, reader: asyncio.StreamReader) -> Response:
-        request_line = (await reader.readline()).decode("latin-1").strip()
-        parts = request_line.split(" ")
-        if len(parts) != 3:
-            return 400, "text/plain", b"bad request line\n"
-        method, target, _ = parts
-        length = 0
-        while True:
-            line = (await reader.readline()).decode("latin-1")
-            if line in ("\r\n", "\n", ""):
-                break
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value.strip())
-        if length > MAX_BODY:
-            return 413, "text/plain", b"body too large\n"
-        body = await reader.readexactly(length) if length else b""
+        try:
+            # a client that never finishes its request must not hold the connection forever
+            async with asyncio.timeout(self.request_timeout):
+                request_line = (await reader.readline()).decode("latin-1").strip()
+                parts = request_line.split(" ")
+                if len(parts) != 3:
+                    return 400, "text/plain", b"bad request line\n"
+                method, target, _ = parts
+                length = 0
+                while True:
+                    line = (await reader.readline()).decode("latin-1")
+                    if line in ("\r\n", "\n", ""):
+                        break
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value.strip())
+                if length > MAX_BODY:
+                    return 413, "text/plain", b"body too large\n"
+                body = await reader.readexactly(length) if length else b""
+        except TimeoutError:
+            return 408, "text/plain", b"request timeout\n"
         path = target.split("?", 1)[0]
         handler = self.routes.get((method, path))
         if handler is None:
