@@ -80,6 +80,8 @@ async def run_workload(
             return await _one_connection(socket_path, reattach, on_message, fds)
         except ExecutorUnavailable as error:
             last = error
+            if error.after_connect:  # reattached, then lost again: a new window from now
+                deadline = loop.time() + reconnect_seconds
             await asyncio.sleep(RECONNECT_INTERVAL_SECONDS)  # back off before the next attempt
     raise ExecutorUnavailable(f"{last} (gave up reconnecting after {reconnect_seconds:.0f}s)")
 
