@@ -372,7 +372,7 @@ class NodeExecutor:
         return await self._start(session, state)
 
     async def _wait_for_change(self, session: PodSession, within: float | None) -> None:
-        session.change.clear()
+        """Wait for a change set since the caller last cleared ``session.change`` (or one to come)."""
         with suppress(TimeoutError):
             async with asyncio.timeout(within):
                 await session.change.wait()
@@ -382,6 +382,8 @@ class NodeExecutor:
         loop = asyncio.get_running_loop()
         next_message = loop.time() + self._message_period()  # the first after one period
         reattach_deadline = loop.time() + self.reattach_seconds
+        # cleared before the state is read: a change while sending below still wakes the wait
+        session.change.clear()
         while (state := self._pod(session.pod)) is not None and state.phase == "ready":
             if session.client_left or (
                 session.channel is None and loop.time() >= reattach_deadline
@@ -398,6 +400,7 @@ class NodeExecutor:
                 else min(next_message, reattach_deadline)
             )
             await self._wait_for_change(session, max(0.0, until - loop.time()))
+            session.change.clear()
         if state is None or state.phase == "dormant":
             await session.send(Exited(exit_code=0, reason="cancelled"))
             return False
