@@ -215,10 +215,9 @@ class Simulator:
             if not assigned and not preempted:
                 break
         check = next_preemption_check(self.state, node, now)
-        if check is not None:
-            if (node, check) not in self._checks_due:
-                self._checks_due.add((node, check))
-                self._timer(check, _PreemptionCheck(node=node))
+        if check is not None and (node, check) not in self._checks_due:
+            self._checks_due.add((node, check))
+            self._timer(check, _PreemptionCheck(node=node))
 
     # -- the scenario
     def run(self) -> list[Envelope]:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
+from typing import Any
 
 from gpupool.core import Command, decide
 from gpupool.eventlog.port import (
@@ -70,8 +71,28 @@ class DeciderLoop:
         self.conflicts = 0
         self.ready = False
         self._node_locks: dict[str, asyncio.Lock] = {}
+        self.failed = asyncio.Event()
+        """Set when a background task of the service failed: the service must stop (and be
+        restarted), not go on looking healthy without it."""
+        self.failure: BaseException | None = None
         self._caught_up: set[int] = set()
         """Sequences of others' events folded by a catch-up after a conflict, not yet reacted to."""
+
+    def background(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        """Run ``work`` beside the consumer; if it fails, the service stops with its error."""
+
+        async def guarded() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.exception("%s: background task %s failed", self.service, name)
+                if self.failure is None:
+                    self.failure = error
+                self.failed.set()
+
+        return asyncio.create_task(guarded(), name=name)
 
     async def rebuild(self) -> int:
         """Fold every entry present in the log; returns how many were new."""

@@ -191,7 +191,9 @@ async def run_service(
         )
         if snapshots is not None:
             store = snapshots
-            saver = asyncio.create_task(_keep_snapshots(store, loop, options.snapshot_every))
+            saver = loop.background(
+                _keep_snapshots(store, loop, options.snapshot_every), name="snapshots"
+            )
 
             async def final_snapshot() -> None:
                 saver.cancel()
@@ -202,13 +204,14 @@ async def run_service(
 
             stack.push_async_callback(final_snapshot)
         stopping = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({consumer, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (consumer, stopping):
+        failing = asyncio.create_task(loop.failed.wait())
+        await asyncio.wait({consumer, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (consumer, stopping, failing):
             task.cancel()
             with suppress(asyncio.CancelledError):
-                await task
-        if consumer in done and consumer.exception() is not None:
-            raise consumer.exception()  # type: ignore[misc]
+                await task  # re-raises what ended the consumer, if anything did
+        if loop.failure is not None:
+            raise RuntimeError(f"{service.name}: a background task failed") from loop.failure
         log.info("%s: stopped", service.name)
 
 

@@ -233,18 +233,24 @@ async def http_get_ok(port: int, path: str) -> bool:
     return status == 200
 
 
+HTTP_TIMEOUT_S = 10.0
+
+
 async def http_get(port: int, path: str) -> tuple[int, bytes]:
+    """GET on 127.0.0.1; (0, b"") when nothing answers in time."""
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
+        async with asyncio.timeout(HTTP_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except (OSError, TimeoutError):
         return 0, b""
     try:
-        writer.write(
-            f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
-        )
-        await writer.drain()
-        data = await reader.read()
-    except OSError:
+        async with asyncio.timeout(HTTP_TIMEOUT_S):
+            writer.write(
+                f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+            )
+            await writer.drain()
+            data = await reader.read()
+    except (OSError, TimeoutError):
         return 0, b""
     finally:
         writer.close()

@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_GUARD_PERIOD_SECONDS = 1.0
 DEFAULT_REATTACH_SECONDS = 60.0
+MAX_KEPT_OUTCOMES = 1024
+"""Last words kept for clients that may still reattach; the oldest are forgotten first."""
 """How long a restarted executor keeps a pod's place for its client to reconnect."""
 
 
@@ -153,7 +155,7 @@ class NodeExecutor:
         stack.push_async_callback(server.close)
         self.serving.set()
         stop_guarding = asyncio.Event()
-        guard = asyncio.create_task(
+        guard = loop.background(
             guard_memory(
                 self.sampler,
                 self._guarded_workloads,
@@ -342,6 +344,8 @@ class NodeExecutor:
                 del self._sessions[session.pod]
             if session.last_word is not None and (session.channel is None or session.client_left):
                 self._outcomes[session.pod] = session.last_word
+                while len(self._outcomes) > MAX_KEPT_OUTCOMES:  # oldest first: a dict keeps order
+                    del self._outcomes[next(iter(self._outcomes))]
 
     async def _step(self, session: PodSession) -> bool:
         """Advance the session by one stage; False when it is over."""
@@ -427,6 +431,13 @@ class NodeExecutor:
             await self._release(session.pod, "cancelled", None)
             return False
         assert state.gpu_index is not None
+        if state.evicted_by is not None:  # preempted before its command even started
+            await self._release(session.pod, "preempted", None)
+            await session.send(PreemptedNotice(by=state.evicted_by.name, gpu_index=state.gpu_index))
+            if session.request.requeue and not session.client_left:
+                return True
+            await session.send(Exited(exit_code=0, reason="preempted"))
+            return False
         gpu = self.inventory.by_index(state.gpu_index)
         request = session.request
         env = workload_environment(request.env, gpu, state.limits, pod=session.pod)

@@ -84,7 +84,8 @@ class PolicyService:
             self.controllers = KubernetesControllers(api, self.submit)
             for envelope in list(self._recent_preemptions):
                 await self.controllers.preemptions.on_envelope(envelope)
-            watching = asyncio.create_task(self.controllers.run(), name="kubernetes-watches")
+            assert self._loop is not None
+            watching = self._loop.background(self.controllers.run(), name="kubernetes-watches")
 
             async def stop_watching() -> None:
                 watching.cancel()

@@ -32,7 +32,7 @@ class PreemptionService:
         self._loop = loop
         for node in sorted(loop.projection.state.nodes):
             await self._plan(node, None)
-        timer = asyncio.create_task(self._timer(), name="preemption-timer")
+        timer = loop.background(self._timer(), name="preemption-timer")
 
         async def stop_timer() -> None:
             timer.cancel()
