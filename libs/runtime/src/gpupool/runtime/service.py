@@ -157,6 +157,16 @@ async def run_service(
             )
             projection, why = await load_projection(snapshots, empty=projection_factory)
             log.info("%s: %s", service.name, why)
+            end = await event_log.last_seq()
+            if projection.last_seq > end:  # the stream was recreated: the snapshot is of another
+                log.warning(
+                    "%s: the snapshot covers sequence %d but the log ends at %d; "
+                    "rebuilding from the start of the log",
+                    service.name,
+                    projection.last_seq,
+                    end,
+                )
+                projection = projection_factory()
         else:
             projection = projection_factory()
         loop = DeciderLoop(event_log, service=service.name, projection=projection)
