@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 
 from gpupool.core.placement import GpuUsage, fits, ready_queue, subtract
 from gpupool.core.state import NodeState, PodState, State
-from gpupool.events import PreemptReason, Share
+from gpupool.events import PodRef, PreemptReason, Share
 
 MAX_SUBSETS_CHECKED = 20_000
 """Above this many candidate sets on one GPU, the search falls back to the preference order."""
@@ -111,15 +111,17 @@ def plan_preemption(
     head = queue[0]
     if any(fits(used, head.limits) for used in usage.values()):
         return None
+    eligible: dict[int, list[PodState]] = {}
+    reasons: dict[PodRef, PreemptReason] = {}
+    for pod in pods:
+        if pod.phase == "running" and pod.gpu_index is not None:
+            reason = eligibility(pod, head, node, now)
+            if reason is not None:
+                reasons[pod.ref] = reason
+                eligible.setdefault(pod.gpu_index, []).append(pod)
     best: tuple[tuple[object, ...], PreemptionPlan] | None = None
     for gpu in node.gpus:
-        reasons = {}
-        for pod in pods:
-            if pod.gpu_index == gpu.index:
-                reason = eligibility(pod, head, node, now)
-                if reason is not None:
-                    reasons[pod.ref] = reason
-        candidates = sorted((pod for pod in pods if pod.ref in reasons), key=_preference)
+        candidates = sorted(eligible.get(gpu.index, []), key=_preference)
         chosen = _smallest_set(usage[gpu.index], head.limits, candidates)
         if chosen is None:
             continue
