@@ -99,18 +99,31 @@ async def started_prometheus(stack: LocalStack, tmp_path: Path) -> AsyncIterator
         f"--config.file={prometheus_config(stack, tmp_path)}",
         f"--storage.tsdb.path={tmp_path / 'tsdb'}",
         f"--web.listen-address=127.0.0.1:{port}",
-        stdout=(tmp_path / "prometheus.log").open("wb"),
-        stderr=asyncio.subprocess.STDOUT,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
+    assert process.stderr is not None
+    said: list[str] = []
     try:
-        async with asyncio.timeout(60):
-            while (await http_get(port, "/-/ready"))[0] != 200:
-                assert process.returncode is None, (tmp_path / "prometheus.log").read_text()
-                await asyncio.sleep(0.1)  # until its HTTP endpoint says ready
+        async with asyncio.timeout(60):  # its log says when it serves
+            async for raw in process.stderr:
+                said.append(raw.decode(errors="replace"))
+                if "Server is ready to receive web requests" in said[-1]:
+                    break
+            else:
+                raise AssertionError("Prometheus exited:\n" + "".join(said))
+        drain = asyncio.create_task(_drain(process.stderr))
+        assert (await http_get(port, "/-/ready"))[0] == 200
         yield Prometheus(port)
+        drain.cancel()
     finally:
         process.terminate()
         await process.wait()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    async for _ in stream:  # keep reading so that Prometheus never blocks on a full pipe
+        pass
 
 
 def by_pod(result: list[dict[str, Any]]) -> dict[str, float]:

@@ -4,6 +4,7 @@ aside: the service rebuilds from the log it really has."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from gpupool.admission_queue.service import AdmissionQueue
@@ -31,6 +32,16 @@ async def test_a_snapshot_from_a_longer_log_is_set_aside(tmp_path: Path) -> None
         )
         stop = asyncio.Event()
         listening: asyncio.Queue[int] = asyncio.Queue()
+        rebuilt = asyncio.Event()
+
+        class RebuiltHandler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if "rebuilt from" in record.getMessage():
+                    rebuilt.set()
+
+        handler = RebuiltHandler()
+        logging.getLogger("gpupool.runtime.service").addHandler(handler)
+        logging.getLogger("gpupool.runtime.service").setLevel(logging.INFO)
 
         async def on_listening(port: int) -> None:
             await listening.put(port)
@@ -41,10 +52,10 @@ async def test_a_snapshot_from_a_longer_log_is_set_aside(tmp_path: Path) -> None
         try:
             async with asyncio.timeout(30):
                 port = await listening.get()
-                while (await http_get(port, "/readyz"))[0] != 200:  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)  # a readiness probe: nothing to wait on
+                await rebuilt.wait()  # the service says so once it has folded the log
             _, metrics = await http_get(port, "/metrics")
         finally:
+            logging.getLogger("gpupool.runtime.service").removeHandler(handler)
             stop.set()
             await service
     assert 'gpupool_service_applied_sequence{service="admission-queue"} 0.0' in metrics.decode()
