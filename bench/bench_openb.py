@@ -5,7 +5,7 @@ results of the FGD paper's simulator (Weng et al., USENIX ATC'23) on the same tr
 
 DIR holds the files of alibaba/clusterdata ``cluster-trace-gpu-v2023/csv/`` plus the
 simulator's published ``fgd_analysis_allo_discrete.csv`` (default
-/work/shared/traces/openb, or $GPUPOOL_OPENB_TRACES; see its README.md). Without them the
+../shared/traces/openb beside the repository, or $GPUPOOL_OPENB_TRACES; see its README.md). Without them the
 bench says so and exits 0.
 
 Method (the published experiment's, as the README and the simulator's code describe it):
@@ -100,7 +100,13 @@ from gpupool.kube.node_status import (
 )
 from gpupool.kube.records import Node, NodeStatus, ObjectMeta, Pod
 
-DEFAULT_TRACES = Path(os.environ.get("GPUPOOL_OPENB_TRACES", "/work/shared/traces/openb"))
+DEFAULT_TRACES = Path(
+    os.environ.get(
+        "GPUPOOL_OPENB_TRACES",
+        # shared/ lies beside the repository (in a developer's tree and in CI alike)
+        Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb",
+    )
+)
 NODE_FILE = "openb_node_list_gpu_node.csv"
 POD_FILE = "openb_pod_list_default.csv"
 PUBLISHED_FILE = "fgd_analysis_allo_discrete.csv"
