@@ -9,9 +9,10 @@ import signal
 import sys
 from pathlib import Path
 
-from stack_harness import running_stack, start_workload
+from stack_harness import of_type, running_stack, start_workload, wait_for_log
 
 from gpupool.cli.local_stack import http_get
+from gpupool.events import MessageRejected, PodRejected
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = (ROOT / "scenarios" / "worked-example.yaml").read_text()
@@ -100,3 +101,22 @@ async def test_kernel_identity_refuses_a_caller_outside_any_pod(tmp_path: Path) 
         workload = await start_workload(stack, "pod-a")
         assert await workload.exit_code() == 2
         assert any("NotInAPod" in line for line in workload.lines), workload.lines
+        # the refusal is an event too
+        log = await wait_for_log(stack, lambda log: bool(of_type(log, PodRejected, "pod-a")))
+        assert of_type(log, PodRejected, "pod-a")[0].event.reason == "NotInAPod"
+
+
+async def test_garbage_on_the_workload_socket_is_refused_and_recorded(tmp_path: Path) -> None:
+    async with running_stack(tmp_path, CLUSTER, NODE, gpus=2) as stack:
+        reader, writer = await asyncio.open_unix_connection(str(stack.socket_path))
+        writer.write(b'{"type": "RunRequest", "pod": 42}\n')  # no fds, wrong fields
+        await writer.drain()
+        answer = await reader.readline()
+        writer.close()
+        assert b'"Rejected"' in answer and b"bad-request" in answer
+        log = await wait_for_log(stack, lambda log: bool(of_type(log, MessageRejected)))
+        rejected = of_type(log, MessageRejected)[0].event
+        assert rejected.subject == f"socket:{stack.socket_path}"
+        assert rejected.reason.startswith("bad-request: ")
+        assert '"pod": 42' in rejected.payload
+        assert stack.services["node-executor"].running

@@ -29,17 +29,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpupool.core import PodState, ReportInventory, ReportRelease, RequestGpu, queue_positions
-from gpupool.eventlog.port import StoredEvent
-from gpupool.events import PodRef, PodRejected, ReleaseReason
+from gpupool.eventlog.port import REJECTED_PAYLOAD_LIMIT, StoredEvent
+from gpupool.events import Envelope, MessageRejected, PodRef, PodRejected, ReleaseReason
 from gpupool.gpus import GpuSampler, Inventory
 from gpupool.node_executor.environment import memory_limit_bytes, workload_environment
 from gpupool.node_executor.memory_guard import GuardedWorkload, MemoryOverrun, guard_memory
-from gpupool.node_executor.peer_identity import IdentityMode, IdentityRefused, pod_of_peer
+from gpupool.node_executor.peer_identity import (
+    IdentityMode,
+    IdentityRefused,
+    PeerIdentity,
+    pod_of_peer,
+)
 from gpupool.node_executor.processes import (
     ProcessSupervisor,
     Workload,
@@ -150,7 +156,7 @@ class NodeExecutor:
         )
         stack.push_async_callback(self._stop_sessions)
         await self._recover()
-        server = WorkloadSocketServer(self.socket_path, self)
+        server = WorkloadSocketServer(self.socket_path, self, on_rejected=self._record_bad_request)
         await server.start()
         stack.push_async_callback(server.close)
         self.serving.set()
@@ -244,6 +250,23 @@ class NodeExecutor:
 
     # ------------------------------------------------------------------ connections
 
+    async def _record(self, event: PodRejected | MessageRejected) -> None:
+        """A rejection that is no core decision (bad bytes, a refused caller) is still an event."""
+        await self.loop.log.append(
+            Envelope(id=uuid.uuid4().hex, time=self.loop.clock(), event=event)
+        )
+
+    async def _record_bad_request(
+        self, peer: PeerIdentity, data: bytes, reason: str, message: str
+    ) -> None:
+        await self._record(
+            MessageRejected(
+                subject=f"socket:{self.socket_path}",
+                reason=f"{reason}: {message} (pid {peer.pid}, uid {peer.uid})",
+                payload=data.decode("utf-8", errors="replace")[:REJECTED_PAYLOAD_LIMIT],
+            )
+        )
+
     async def handle(self, request: RunRequest, fds: StdioFds, channel: Channel) -> None:
         pods_by_uid = {
             pod.uid: pod.ref for pod in self.loop.projection.state.pods_on(self.node) if pod.uid
@@ -251,6 +274,14 @@ class NodeExecutor:
         identity = pod_of_peer(self.identity, request.pod, channel.peer, pods_by_uid)
         if isinstance(identity, IdentityRefused):
             log.warning("node-executor: refused a caller: %s", identity.message)
+            await self._record(
+                PodRejected(
+                    pod=request.pod,
+                    node=self.node,
+                    reason=identity.reason,
+                    message=identity.message,
+                )
+            )
             await channel.send(Rejected(reason=identity.reason, message=identity.message))
             return
         pod = identity

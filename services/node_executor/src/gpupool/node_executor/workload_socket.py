@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
@@ -98,6 +99,10 @@ class Channel:
             await self._writer.wait_closed()
 
 
+RejectionRecorder = Callable[[PeerIdentity, bytes, str, str], Awaitable[None]]
+"""Called for every request refused before it reached the handler: (peer, bytes, reason, message)."""
+
+
 class WorkloadHandler(Protocol):
     """Runs one request: waits for a GPU, runs the command, reports through ``channel``.
 
@@ -118,9 +123,11 @@ class WorkloadSocketServer:
         *,
         mode: int = SOCKET_MODE,
         request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        on_rejected: RejectionRecorder | None = None,
     ) -> None:
         self.path = Path(path)
         self._handler = handler
+        self._on_rejected = on_rejected
         self._mode = mode
         self._request_timeout = request_timeout_seconds
         self._listener: socket.socket | None = None
@@ -195,21 +202,25 @@ class WorkloadSocketServer:
                 async with asyncio.timeout(self._request_timeout):
                     line, fds = await receive_line_with_fds(connection, MAX_REQUEST_BYTES)
             except TimeoutError:
-                await _reject_raw(connection, "request-timeout", "no complete request in time")
+                await self._reject(
+                    connection, peer, b"", "request-timeout", "no complete request in time"
+                )
                 return
             except LineTooLong as error:
-                await _reject_raw(connection, "request-too-large", str(error))
+                await self._reject(connection, peer, b"", "request-too-large", str(error))
                 return
             if not line.endswith(b"\n"):
                 return  # the client left before finishing its request: no one to answer
             try:
                 request = decode_request(line)
             except ProtocolError as error:
-                await _reject_raw(connection, "bad-request", str(error))
+                await self._reject(connection, peer, line, "bad-request", str(error))
                 return
             if len(fds) != PASSED_FDS:
-                await _reject_raw(
+                await self._reject(
                     connection,
+                    peer,
+                    line,
                     "bad-fds",
                     f"expected {PASSED_FDS} file descriptors (stdin, stdout, stderr), got {len(fds)}",
                 )
@@ -221,6 +232,16 @@ class WorkloadSocketServer:
             for fd in fds:
                 os.close(fd)
             connection.close()
+
+    async def _reject(
+        self, connection: socket.socket, peer: PeerIdentity, data: bytes, reason: str, message: str
+    ) -> None:
+        await _reject_raw(connection, reason, message)
+        if self._on_rejected is not None:
+            try:
+                await self._on_rejected(peer, data, reason, message)
+            except Exception:
+                log.exception("could not record a rejected workload request")
 
     async def _run_handler(
         self, connection: socket.socket, peer: PeerIdentity, request: RunRequest, fds: StdioFds
