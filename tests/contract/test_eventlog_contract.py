@@ -24,6 +24,7 @@ from gpupool.eventlog import (
     StoredEvent,
     Subscription,
     Undecodable,
+    node_of_subject,
     node_token,
     rejection_envelope,
 )
@@ -499,3 +500,10 @@ def test_node_tokens() -> None:
     for bad in ("a b", "a*", "a>", "_"):
         with pytest.raises(ValueError, match="subject token"):
             node_token(bad)
+
+
+def test_node_of_subject_inverts_node_token() -> None:
+    for node in ("gpu-node-1.example.com", "cn-wulanchabu-c.cr-xxx", "n1"):
+        assert node_of_subject(f"gpupool.log.{node_token(node)}.PodReady") == node
+    assert node_of_subject("gpupool.log._.MessageRejected") is None
+    assert node_of_subject("garbage") is None

@@ -70,8 +70,18 @@ async def wait_for_log(
     *,
     within: float = 30.0,
 ) -> list[Envelope]:
-    """Follow the log (a durable consumer from the start) until ``condition`` holds."""
-    log = await JetStreamEventLog.connect(stack.nats_url)
+    """Follow the stack's log until ``condition`` holds for everything seen so far."""
+    return await follow_log(stack.nats_url, condition, within=within)
+
+
+async def follow_log(
+    url: str,
+    condition: Callable[[list[Envelope]], bool],
+    *,
+    within: float = 30.0,
+) -> list[Envelope]:
+    """Follow the log at ``url`` (a durable consumer from the start) until ``condition`` holds."""
+    log = await JetStreamEventLog.connect(url)
     seen: list[Envelope] = []
     try:
         async with asyncio.timeout(within):

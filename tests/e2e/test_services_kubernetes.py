@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,10 +14,10 @@ from typing import Any
 
 import kmock
 import pytest
+from stack_harness import follow_log
 
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.nats_server import run_nats_server
-from gpupool.eventlog.port import StoredEvent
 from gpupool.events import (
     Envelope,
     NodeConfigured,
@@ -48,22 +47,6 @@ EVENTS = "/api/v1/namespaces/default/events"
 async def nats_server(tmp_path: Path) -> AsyncIterator[str]:
     async with run_nats_server(tmp_path / "nats") as url:
         yield url
-
-
-async def log_until(url: str, condition: Callable[[list[Envelope]], bool]) -> list[Envelope]:
-    log = await JetStreamEventLog.connect(url)
-    seen: list[Envelope] = []
-    try:
-        async with asyncio.timeout(30):
-            async for delivery in log.subscribe(durable=f"t-{uuid.uuid4().hex[:8]}"):
-                await delivery.ack()
-                if isinstance(delivery.entry, StoredEvent):
-                    seen.append(delivery.entry.envelope)
-                if condition(seen):
-                    return seen
-    finally:
-        await log.close()
-    raise AssertionError("unreachable")
 
 
 def has(kind: type, name: str | None = None) -> Callable[[list[Envelope]], bool]:
@@ -122,7 +105,7 @@ async def test_policy_service_in_kubernetes_mode(
         stderr=asyncio.subprocess.STDOUT,
     )
     try:
-        log = await log_until(
+        log = await follow_log(
             nats_server,
             lambda log: (
                 has(NodeConfigured)(log)
@@ -223,7 +206,7 @@ async def test_policy_service_in_kubernetes_mode(
 
         # deleting a pod removes it from the log's queues
         await kubectl(kmock, "DELETE", f"{PODS}/newcomer")
-        await log_until(nats_server, has(PodRemoved, "newcomer"))
+        await follow_log(nats_server, has(PodRemoved, "newcomer"))
     finally:
         policy.terminate()
         assert await policy.wait() == 0, (tmp_path / "policy.log").read_text()

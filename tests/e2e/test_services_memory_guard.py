@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
+from stack_harness import follow_log
 
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.eventlog.jetstream import JetStreamEventLog
@@ -66,20 +67,12 @@ class OverLimitSampler:
 
 
 async def registered(url: str, pod: str) -> None:
-    log = await JetStreamEventLog.connect(url)
-    try:
-        async with asyncio.timeout(30):
-            async for delivery in log.subscribe(durable="test-registered"):
-                await delivery.ack()
-                entry = delivery.entry
-                if (
-                    isinstance(entry, StoredEvent)
-                    and isinstance(entry.envelope.event, PodRegistered)
-                    and entry.envelope.event.pod.name == pod
-                ):
-                    return
-    finally:
-        await log.close()
+    await follow_log(
+        url,
+        lambda log: any(
+            isinstance(e.event, PodRegistered) and e.event.pod.name == pod for e in log
+        ),
+    )
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from gpupool.eventlog.port import (
 )
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
+    node_of_subject,
     node_subject_filter,
     node_token,
     subject_for,
@@ -54,6 +55,7 @@ __all__ = [
     "StoredEvent",
     "Subscription",
     "Undecodable",
+    "node_of_subject",
     "node_subject_filter",
     "node_token",
     "read_entry",

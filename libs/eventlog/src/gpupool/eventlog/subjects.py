@@ -32,6 +32,15 @@ def node_token(node: str) -> str:
     return token
 
 
+def node_of_subject(subject: str) -> str | None:
+    """The node a log subject names (the inverse of :func:`node_token`); None for ``_``."""
+    parts = subject.split(".")
+    if len(parts) < 3:
+        return None
+    token = parts[-2]
+    return None if token == NODELESS_TOKEN else token.replace("_", ".")
+
+
 def subject_for(event: Event, *, prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
     """The subject an event is appended on, e.g. ``gpupool.log.gpu-node-1.PodReady``."""
     return f"{prefix}.{node_token(event_node(event))}.{event_tag(event)}"

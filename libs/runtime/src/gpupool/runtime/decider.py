@@ -30,6 +30,7 @@ from gpupool.eventlog.port import (
     Undecodable,
     rejection_envelope,
 )
+from gpupool.eventlog.subjects import node_of_subject
 from gpupool.events import Envelope, Event, event_node
 from gpupool.observability.projection import Projection
 
@@ -45,15 +46,6 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def node_of_subject(subject: str) -> str | None:
-    """The node a log subject names (``<prefix>.<token>.<tag>``), None for ``_``."""
-    parts = subject.split(".")
-    if len(parts) < 3:
-        return None
-    token = parts[-2]
-    return None if token == "_" else token.replace("_", ".")
-
-
 class DeciderLoop:
     def __init__(
         self,
@@ -67,7 +59,6 @@ class DeciderLoop:
         self.service = service
         self.projection = projection if projection is not None else Projection()
         self.clock = clock
-        self.rejected_messages = 0
         self.conflicts = 0
         self.ready = False
         self._node_locks: dict[str, asyncio.Lock] = {}
@@ -111,7 +102,6 @@ class DeciderLoop:
         return new
 
     async def _set_aside(self, entry: Undecodable) -> None:
-        self.rejected_messages += 1
         log.warning(
             "%s: entry %d on %s is not a readable event (%s); set aside as MessageRejected",
             self.service,
