@@ -6,10 +6,16 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list
 
-# install everything the tests need that PyPI does not ship (Prometheus, promtool)
+# install everything the tests need that PyPI does not ship (Prometheus, Docker, debootstrap)
 [group('setup')]
 setup:
     bash scripts/install-prometheus.sh
+    bash scripts/install-docker.sh
+
+# build the images (gpupool, NATS, Prometheus) offline from a locally made base
+[group('setup')]
+image: setup
+    bash scripts/with-dockerd.sh bash scripts/build-images.sh
 
 # the worked example of SPEC.md, live through all four services
 [group('run')]
@@ -45,10 +51,10 @@ typecheck:
 contracts:
     uv run lint-imports
 
-# the test suite (unit, contract, integration, e2e)
+# the test suite (unit, contract, integration, e2e, compose on a real Docker engine)
 [group('check')]
 pytest *ARGS:
-    uv run pytest -q {{ARGS}}
+    GPUPOOL_REQUIRE_DOCKER=1 uv run pytest -q {{ARGS}}
 
 # benchmarks: tables and ratios against baselines measured in the same run
 [group('bench')]

@@ -1,4 +1,4 @@
-"""``gpupool demo``: SPEC.md's worked example, live, through all four services.
+"""``gpupool demo``: the worked example (docs/behaviour.md), live, through all four services.
 
 Four real processes run as pods A–D on one node with two SIMULATED GPUs (there
 is no GPU here; the output says so). Each pod's command is started by the
@@ -17,16 +17,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
-from gpupool.cli.local_stack import LocalStack, StackSettings, local_stack
+from gpupool.cli.local_stack import StackSettings, local_stack
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import Assigned, Envelope, PodReady, Preempted, Released, event_pod, event_tag
 
 NODE = "cn-wulanchabu-c.cr-xxx"
 EXPECTED_ASSIGNMENTS = [("pod-a", 0), ("pod-c", 1), ("pod-d", 1), ("pod-b", 0)]
-"""SPEC.md section 2: A on GPU 0, C on GPU 1; at T2 D gets GPU 1, then B GPU 0 beside A."""
+"""The worked example: A on GPU 0, C on GPU 1; at T2 D gets GPU 1, then B GPU 0 beside A."""
 
 WORKLOAD = (
     "import os, sys; "
@@ -60,10 +60,48 @@ class PodProcess:
         return await self.process.wait()
 
 
+class DemoStack(Protocol):
+    """What the demo needs of a stack: its NATS and the node-executor's workload socket."""
+
+    @property
+    def nats_url(self) -> str: ...
+
+    @property
+    def socket_path(self) -> Path: ...
+
+
+PodCommand = Callable[[str, str], list[str]]
+"""(pod name, the pod's Python task) -> the argv that runs it as a pod through ``gpupool run``."""
+
+
+def local_pod_command(stack: DemoStack) -> PodCommand:
+    """``gpupool run`` on this machine, the task run by this interpreter."""
+
+    def command(pod: str, task: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "gpupool.cli.main",
+            "run",
+            "--socket",
+            str(stack.socket_path),
+            "--pod",
+            pod,
+            "--",
+            sys.executable,
+            "-c",
+            task,
+        ]
+
+    return command
+
+
 @dataclass
 class DemoRun:
-    stack: LocalStack
+    stack: DemoStack
     out: TextIO
+    pod_command: PodCommand | None = None
+    """How a pod is started (default: ``gpupool run`` here); the compose test runs it in a container."""
     started: float = field(default_factory=time.monotonic)
     events: list[Envelope] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -112,19 +150,9 @@ class DemoRun:
         )
 
     async def start_pod(self, name: str) -> PodProcess:
+        argv = (self.pod_command or local_pod_command(self.stack))(name, WORKLOAD)
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "gpupool.cli.main",
-            "run",
-            "--socket",
-            str(self.stack.socket_path),
-            "--pod",
-            name,
-            "--",
-            sys.executable,
-            "-c",
-            WORKLOAD,
+            *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -226,7 +254,7 @@ async def demo(args: argparse.Namespace, out: TextIO) -> int:
             log_level="WARNING",
         )
         out.write(
-            "gpupool demo: SPEC.md section 2, the worked example, live through the policy, "
+            "gpupool demo: the worked example (docs/behaviour.md), live through the policy, "
             "admission-queue, preemption and node-executor services.\n"
             f"The node {NODE} has 2 SIMULATED GPUs (no NVML here; --simulate-gpus 2).\n"
         )
@@ -239,16 +267,14 @@ async def demo(args: argparse.Namespace, out: TextIO) -> int:
         "\nAssignments in order: " + ", ".join(f"{p} -> GPU {g}" for p, g in assignments) + "\n"
     )
     if assignments == EXPECTED_ASSIGNMENTS:
-        out.write("This is exactly SPEC.md's worked example.\n")
+        out.write("This is exactly the worked example's order.\n")
         return 0
-    out.write(f"MISMATCH: SPEC.md expects {EXPECTED_ASSIGNMENTS}\n")
+    out.write(f"MISMATCH: the worked example expects {EXPECTED_ASSIGNMENTS}\n")
     return 1
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "demo", help="run SPEC.md's worked example live through all services"
-    )
+    parser = subparsers.add_parser("demo", help="run the worked example live through all services")
     parser.add_argument(
         "--scenario", type=Path, help="cluster file (default scenarios/worked-example.yaml)"
     )
