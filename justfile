@@ -56,6 +56,11 @@ contracts:
 pytest *ARGS:
     GPUPOOL_REQUIRE_DOCKER=1 uv run pytest -q {{ARGS}}
 
+# the suite on another Python (3.12, 3.13) in its own environment, .venv-VERSION
+[group('check')]
+test-python VERSION *ARGS:
+    GPUPOOL_REQUIRE_DOCKER=1 bash scripts/test-on-python.sh {{VERSION}} {{ARGS}}
+
 # benchmarks: tables and ratios against baselines measured in the same run
 [group('bench')]
 bench:

@@ -506,8 +506,11 @@ def test_a_missing_log_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert err == f"gpupool verify: {missing}: no such log file\n"
 
 
-def test_a_log_source_is_required(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["verify"])
-    assert exited.value.code == 2
-    assert "one of the arguments --log --nats is required" in capsys.readouterr().err
+def test_a_log_source_is_required(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # no --log, no --nats, no GPUPOOL_NATS_URL, no running `gpupool up`
+    monkeypatch.delenv("GPUPOOL_NATS_URL", raising=False)
+    monkeypatch.setenv("GPUPOOL_STATE_DIR", str(tmp_path))
+    assert main(["verify"]) == 2
+    assert "no log to read: give --log FILE or --nats URL" in capsys.readouterr().err

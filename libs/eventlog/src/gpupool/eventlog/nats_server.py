@@ -125,6 +125,9 @@ async def run_nats_server(
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        # its own process group: a Ctrl-C at the terminal must not stop it before the
+        # services that record through it (``gpupool up`` stops it last)
+        start_new_session=True,
     )
     output = ServerOutput()
     said_ready = asyncio.Event()

@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,14 @@ MODULES = {
 }
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+STOP_ORDER = ("admission-queue", "preemption", "node-executor", "policy")
+"""The deciders first (no assignment, no preemption while stopping), then the executor (it
+ends the running workloads, records their end and tells their clients), then the policy;
+NATS, which all of them record through, stops after all of them."""
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+STABLE_AFTER_S = 60.0
+"""A service that ran this long before it crashed is restarted at once again (backoff reset)."""
 
 
 def free_port() -> int:
@@ -45,6 +53,8 @@ class StackSettings:
     node: str
     state_dir: Path
     nats_url: str | None = None
+    nats_port: int = -1
+    """The port of the NATS server the stack starts (-1: any free port)."""
     simulate_gpus: int | None = None
     message_period: float | None = None
     ports: dict[str, int] = field(default_factory=dict)
@@ -66,6 +76,8 @@ class ServiceProcess:
     _log_file: IO[bytes] | None = None
 
     async def start(self, env: dict[str, str]) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
         self._log_file = self.log_path.open("ab")
         self.process = await asyncio.create_subprocess_exec(
             *self.args,
@@ -73,6 +85,9 @@ class ServiceProcess:
             stdout=self._log_file,
             stderr=asyncio.subprocess.STDOUT,
             env=env,
+            # Its own process group: a Ctrl-C at the terminal reaches only `gpupool up`,
+            # which then stops the services in order (STOP_ORDER).
+            start_new_session=True,
         )
 
     @property
@@ -86,7 +101,8 @@ class ServiceProcess:
             with suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
             try:
-                await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT_S)
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await self.process.wait()
             except TimeoutError:
                 with suppress(ProcessLookupError):
                     self.process.kill()
@@ -116,6 +132,8 @@ class LocalStack:
         self.logs_dir = settings.state_dir / "logs"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.services: dict[str, ServiceProcess] = {}
+        self.stopping = False
+        self.restarts: dict[str, int] = {}
         for name in SERVICES:
             port = settings.ports.get(name) or free_port()
             self.services[name] = ServiceProcess(
@@ -203,9 +221,55 @@ class LocalStack:
         await self.services[name].stop(kill=True)
 
     async def stop(self) -> None:
-        # the executor first: it ends workloads; then the deciders (and any extra replicas)
-        for name in reversed(list(self.services)):
-            await self.services[name].stop()
+        """Stop every service in STOP_ORDER (extra replicas with their service), each drained."""
+        self.stopping = True
+        for name in STOP_ORDER:
+            for service_name, service in self.services.items():
+                if service_name == name or service_name.startswith(name + "-"):
+                    await service.stop()
+        for service in self.services.values():
+            await service.stop()
+
+    async def supervise(self, report: Callable[[str], None]) -> None:
+        """Restart any service that exits until :meth:`stop`: with backoff, each restart reported."""
+        watchers = [
+            asyncio.create_task(self._watch(name, report), name=f"watch-{name}")
+            for name in SERVICES
+        ]
+        try:
+            await asyncio.gather(*watchers)
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+
+    async def _watch(self, name: str, report: Callable[[str], None]) -> None:
+        service = self.services[name]
+        crashes = 0
+        while not self.stopping:
+            process = service.process
+            assert process is not None
+            started = time.monotonic()
+            code = await process.wait()
+            if self.stopping:
+                return
+            crashes = 1 if time.monotonic() - started >= STABLE_AFTER_S else crashes + 1
+            delay = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (crashes - 1))
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            report(
+                f"{name} exited with status {code}; restarting it in {delay:g}s "
+                f"(restart {self.restarts[name]}; log: {service.log_path})"
+            )
+            await asyncio.sleep(delay)  # the backoff itself
+            if self.stopping:
+                return
+            await service.start(self._env())
+            try:
+                await self.wait_ready([name])
+            except StackFailed as failure:
+                report(f"{name} did not come back: {str(failure).splitlines()[0]}")
+                continue
+            report(f"{name} is back (pid {service.process.pid if service.process else '?'})")
 
     async def wait_ready(self, names: Sequence[str], within: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + within
@@ -268,7 +332,9 @@ async def local_stack(settings: StackSettings, *, start: bool = True) -> AsyncIt
     async with AsyncExitStack() as resources:
         url = settings.nats_url
         if url is None:
-            url = await resources.enter_async_context(run_nats_server(settings.state_dir / "nats"))
+            url = await resources.enter_async_context(
+                run_nats_server(settings.state_dir / "nats", port=settings.nats_port)
+            )
         stack = LocalStack(settings, url)
         resources.push_async_callback(stack.stop)
         if start:

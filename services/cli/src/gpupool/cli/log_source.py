@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TextIO
 
 from gpupool.cli.exits import CommandFailed, InvalidInput
+from gpupool.cli.stack_address import find_nats_url
 from gpupool.eventlog.port import Entry, StoredEvent, read_entry
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX, subject_for
 
@@ -47,8 +48,10 @@ class LogSource(Protocol):
 
 
 def add_log_source_arguments(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_argument_group("log source (one of)")
-    choice = source.add_mutually_exclusive_group(required=True)
+    source = parser.add_argument_group(
+        "log source (one of; default: $GPUPOOL_NATS_URL, else the running `gpupool up`)"
+    )
+    choice = source.add_mutually_exclusive_group()
     choice.add_argument(
         "--log", type=Path, metavar="FILE", help="a JSON-lines log (the output of simulate)"
     )
@@ -75,7 +78,21 @@ def add_log_source_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def resolve_log_source(args: argparse.Namespace) -> None:
+    """Without --log or --nats: the NATS of $GPUPOOL_NATS_URL or of a running ``gpupool up``."""
+    if args.log is not None or args.nats is not None:
+        return
+    found = find_nats_url()
+    if found is None:
+        raise InvalidInput(
+            "no log to read: give --log FILE or --nats URL, set GPUPOOL_NATS_URL, "
+            "or start the stack with `gpupool up`"
+        )
+    args.nats = found[0]
+
+
 async def open_log_source(args: argparse.Namespace) -> LogSource:
+    resolve_log_source(args)
     if args.log is not None:
         return FileLogSource(args.log, subject_prefix=args.subject_prefix)
     return await NatsLogSource.connect(

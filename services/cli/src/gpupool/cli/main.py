@@ -16,9 +16,11 @@ import inspect
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Protocol, TypeAlias
 
 from gpupool.cli.exits import EXIT_OK, CommandFailed
+from gpupool.cli.run_command import RUN_HELP
 from gpupool.workload.client import run_main
 
 COMMAND_MODULES: tuple[str, ...] = (
@@ -30,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpupool.cli.commands.explain",
     "gpupool.cli.run_command",
     "gpupool.cli.up_command",
+    "gpupool.cli.pod_command",
     "gpupool.cli.demo",
 )
 """Adding a subcommand: write a module with ``register(subparsers)``, add its name here."""
@@ -41,11 +44,20 @@ class CommandModule(Protocol):
     def register(self, subparsers: Subparsers) -> None: ...
 
 
+def gpupool_version() -> str:
+    try:
+        return version("gpupool-cli")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpupool",
         description="GPU sharing for Kubernetes GPU nodes: share-pool queues, preemption, audit.",
+        epilog="`gpupool COMMAND --help` describes each command. Docs: docs/concepts.md.",
     )
+    parser.add_argument("--version", action="version", version=f"gpupool {gpupool_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         module: CommandModule = importlib.import_module(name)
@@ -53,12 +65,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def subcommand_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The innermost parser of the command line: its usage is the one to show on an error."""
+    current = parser
+    for dest in ("command", "action"):
+        subparsers = [
+            action
+            for action in current._actions
+            if isinstance(action, argparse._SubParsersAction) and action.dest == dest
+        ]
+        chosen = getattr(args, dest, None)
+        if not subparsers or chosen is None or chosen not in subparsers[0].choices:
+            break
+        current = subparsers[0].choices[chosen]
+    return current
+
+
+def parse(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """Like ``parse_args``, but an unknown option is reported with its subcommand's usage."""
+    args, extras = parser.parse_known_args(words)
+    if extras:
+        subcommand_parser(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["run"]:
         # `gpupool run` takes its own options and then `-- CMD...`: argparse would eat them
+        options = args_list[1 : args_list.index("--")] if "--" in args_list else args_list[1:]
+        if "-h" in options or "--help" in options:
+            print(RUN_HELP)
+            return EXIT_OK
         return run_main(args_list[1:])
-    args = build_parser().parse_args(args_list)
+    args = parse(build_parser(), args_list)
     try:
         result = args.handler(args)
         if inspect.iscoroutine(result):

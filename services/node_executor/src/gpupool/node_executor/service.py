@@ -131,6 +131,7 @@ class NodeExecutor:
         self.run_in_caller_namespaces = run_in_caller_namespaces
         self._loop: DeciderLoop | None = None
         self._sessions: dict[PodRef, PodSession] = {}
+        self._sessions_stopped = False
         self._oom: dict[PodRef, MemoryOverrun] = {}
         self.serving = asyncio.Event()
         """Set once workloads can connect to the socket."""
@@ -159,6 +160,8 @@ class NodeExecutor:
         server = WorkloadSocketServer(self.socket_path, self, on_rejected=self._record_bad_request)
         await server.start()
         stack.push_async_callback(server.close)
+        # on stop, end the sessions (and tell their clients) while the socket still serves them
+        stack.push_async_callback(self._stop_sessions)
         self.serving.set()
         stop_guarding = asyncio.Event()
         guard = loop.background(
@@ -226,6 +229,9 @@ class NodeExecutor:
 
     async def _stop_sessions(self) -> None:
         """Graceful stop: end every workload, record it, tell its client."""
+        if self._sessions_stopped:
+            return
+        self._sessions_stopped = True
         for session in list(self._sessions.values()):
             if session.task is not None:
                 session.task.cancel()
@@ -243,6 +249,7 @@ class NodeExecutor:
             elif (pod := self._pod(session.pod)) is not None and pod.phase == "ready":
                 await self._release(session.pod, "cancelled", None)
                 await session.send(Exited(exit_code=0, reason="cancelled"))
+            session.finished.set()  # the client has its last word: its connection may close
 
     def _spawn(self, session: PodSession) -> None:
         self._sessions[session.pod] = session
@@ -370,7 +377,9 @@ class NodeExecutor:
             log.exception("node-executor: session of %s failed", session.pod)
             await session.send(Rejected(reason="internal-error", message=str(error)))
         finally:
-            session.finished.set()
+            if not self._sessions_stopped:
+                # (when the executor stops, _stop_sessions says the last word, then lets go)
+                session.finished.set()
             if self._sessions.get(session.pod) is session:
                 del self._sessions[session.pod]
             if session.last_word is not None and (session.channel is None or session.client_left):

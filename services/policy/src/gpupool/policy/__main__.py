@@ -18,7 +18,10 @@ def main() -> None:
     add_common_arguments(parser, default_port=9101)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--cluster", type=Path, help="local mode: nodes and pods from this YAML file"
+        "--cluster",
+        type=Path,
+        help="local mode: nodes and pods from this YAML file (read again when it changes: "
+        "new pods are registered, changed nodes configured again)",
     )
     source.add_argument(
         "--kubernetes",
@@ -41,7 +44,11 @@ def main() -> None:
     async def connect() -> KubernetesAsyncioApi:
         return await KubernetesAsyncioApi.connect(host=args.kube_server, kubeconfig=args.kubeconfig)
 
-    service = PolicyService(cluster, kubernetes=connect if args.kubernetes else None)
+    service = PolicyService(
+        cluster,
+        kubernetes=connect if args.kubernetes else None,
+        cluster_file=args.cluster,
+    )
 
     async def run(stop: asyncio.Event) -> None:
         await run_service(

@@ -1,6 +1,8 @@
 """The policy service: validates and registers nodes and pods.
 
-Local mode reads them from a cluster file (``--cluster FILE``); Kubernetes mode
+Local mode reads them from a cluster file (``--cluster FILE``) and reads it again
+whenever it changes (new pods are registered, changed nodes configured again;
+``gpupool pod add`` writes it); Kubernetes mode
 (``--kubernetes``) watches the API through gpupool.kube: node labels and QoS
 annotations become ConfigureNode (and the node's status is patched), GPU-sharing
 pods become RegisterPod / RemovePod, rejections become Kubernetes Events, and every
@@ -16,14 +18,22 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
+from pathlib import Path
 
 from gpupool.core import Command, ConfigureNode, RegisterPod, RemovePod, State
+from gpupool.core.simulation import pod_manifest
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import Envelope, Event, NodeRejected, PodRejected, Preempted
 from gpupool.kube.adapter import KubernetesAsyncioApi
 from gpupool.kube.controllers import KubernetesControllers
 from gpupool.observability.projection import Projection
-from gpupool.policy.local_config import LocalCluster, node_commands, pod_commands
+from gpupool.policy.local_config import (
+    ConfigError,
+    LocalCluster,
+    load_local_cluster,
+    node_commands,
+    pod_commands,
+)
 from gpupool.runtime.decider import DeciderLoop
 
 log = logging.getLogger(__name__)
@@ -32,6 +42,9 @@ RECENT_PREEMPTIONS = 1000
 """Preemptions seen while rebuilding that are recorded again at start (idempotently: the
 Kubernetes event names derive from the log entry ids), so none is lost to a crash between
 the log and the API server."""
+
+CLUSTER_FILE_CHECK_S = 1.0
+"""How often local mode looks at the cluster file's modification time."""
 
 
 def command_node(command: Command) -> str:
@@ -50,8 +63,10 @@ class PolicyService:
         cluster: LocalCluster | None,
         *,
         kubernetes: Callable[[], Awaitable[KubernetesAsyncioApi]] | None = None,
+        cluster_file: Path | None = None,
     ) -> None:
         self.cluster = cluster
+        self.cluster_file = cluster_file
         self._connect_kubernetes = kubernetes
         self._loop: DeciderLoop | None = None
         self.controllers: KubernetesControllers | None = None
@@ -78,6 +93,18 @@ class PolicyService:
         if self.cluster is not None:
             for command in [*node_commands(self.cluster), *pod_commands(self.cluster)]:
                 await self.submit(command)
+            if self.cluster_file is not None:
+                watcher = loop.background(
+                    self._follow_cluster_file(self.cluster_file, self.cluster),
+                    name="cluster-file",
+                )
+
+                async def stop_following() -> None:
+                    watcher.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await watcher
+
+                stack.push_async_callback(stop_following)
         if self._connect_kubernetes is not None:
             api = await self._connect_kubernetes()
             stack.push_async_callback(api.close)
@@ -93,6 +120,49 @@ class PolicyService:
                     await watching
 
             stack.push_async_callback(stop_watching)
+
+    async def _follow_cluster_file(self, path: Path, loaded: LocalCluster) -> None:
+        """Read the cluster file again when it changes; submit what is new in it."""
+
+        def stamp() -> tuple[int, int] | None:
+            try:
+                info = path.stat()
+            except OSError:
+                return None
+            return (info.st_mtime_ns, info.st_size)
+
+        seen = stamp()
+        nodes = {command.node: command for command in node_commands(loaded)}
+        pods = {(pod.namespace, pod.name) for pod in loaded.pods}
+        while True:
+            await asyncio.sleep(CLUSTER_FILE_CHECK_S)  # no file-change notification here: look
+            now = stamp()
+            if now is None or now == seen:
+                continue
+            seen = now
+            try:
+                cluster = load_local_cluster(path)
+            except ConfigError as error:
+                log.warning("policy: the cluster file changed but cannot be used: %s", error)
+                continue
+            changed: list[Command] = [
+                command for command in node_commands(cluster) if nodes.get(command.node) != command
+            ]
+            new: list[Command] = [
+                RegisterPod(manifest=pod_manifest(pod))
+                for pod in cluster.pods
+                if (pod.namespace, pod.name) not in pods
+            ]
+            log.info(
+                "policy: %s changed: %d node(s) to configure, %d new pod(s)",
+                path,
+                len(changed),
+                len(new),
+            )
+            for command in [*changed, *new]:
+                await self.submit(command)
+            nodes.update({c.node: c for c in changed if isinstance(c, ConfigureNode)})
+            pods.update((pod.namespace, pod.name) for pod in cluster.pods)
 
     async def react(self, entry: StoredEvent) -> None:
         if self.controllers is not None and isinstance(entry.envelope.event, Preempted):

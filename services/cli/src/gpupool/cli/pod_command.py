@@ -1,0 +1,110 @@
+"""``gpupool pod add``: declare a pod while ``gpupool up`` runs (local mode).
+
+The pod is added to the cluster file (``--cluster``, default: the one the running
+``gpupool up`` uses); the policy service reads the file again when it changes and
+registers the pod. Then ``gpupool run --pod NAME -- CMD`` runs it. The file is
+rewritten as YAML: comments in it are not kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from gpupool.cli.exits import EXIT_OK, CommandFailed, InvalidInput
+from gpupool.cli.stack_address import read_running_stack
+from gpupool.core.simulation import ScenarioPod
+
+
+def share(value: str) -> int:
+    number = int(value)
+    if not 0 < number <= 100:
+        raise argparse.ArgumentTypeError(f"{value}: a percentage from 1 to 100")
+    return number
+
+
+def add(args: argparse.Namespace) -> int:
+    cluster_file: Path | None = args.cluster
+    running = read_running_stack()
+    if cluster_file is None:
+        if running is None:
+            raise InvalidInput("no cluster file: give --cluster FILE (or start `gpupool up`)")
+        cluster_file = Path(running.cluster_file)
+    node = args.node or (running.node if running is not None else None)
+    if node is None:
+        raise InvalidInput("no node: give --node NODE (or start `gpupool up`)")
+    limits = {
+        "core": args.limit_core if args.limit_core is not None else args.core,
+        "memory": args.limit_memory if args.limit_memory is not None else args.memory,
+    }
+    pod: dict[str, Any] = {
+        "name": args.name,
+        "namespace": args.namespace,
+        "node": node,
+        "requests": {"core": args.core, "memory": args.memory},
+        "limits": limits,
+        "priority": args.priority,
+    }
+    try:
+        msgspec.convert(pod, ScenarioPod)
+    except msgspec.ValidationError as error:
+        raise InvalidInput(f"pod {args.name}: {error}") from error
+    try:
+        document = yaml.safe_load(cluster_file.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise CommandFailed(f"{cluster_file}: cannot read the cluster file: {error}") from error
+    if not isinstance(document, dict):
+        raise InvalidInput(f"{cluster_file}: not a cluster file (a mapping with nodes and pods)")
+    pods = document.setdefault("pods", []) or []
+    document["pods"] = pods
+    if any(
+        isinstance(p, dict)
+        and p.get("name") == args.name
+        and p.get("namespace", "default") == args.namespace
+        for p in pods
+    ):
+        raise InvalidInput(f"pod {args.namespace}/{args.name} is in {cluster_file} already")
+    pods.append(pod)
+    temporary = cluster_file.with_name(cluster_file.name + ".tmp")
+    temporary.write_text(yaml.safe_dump(document, sort_keys=False))
+    temporary.replace(cluster_file)
+    print(
+        f"pod {args.namespace}/{args.name} added to {cluster_file} (node {node}, requests "
+        f"{args.core}/{args.memory}, limits {limits['core']}/{limits['memory']})"
+        + ("; the running gpupool up registers it" if running is not None else ""),
+        file=sys.stdout,
+    )
+    return EXIT_OK
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "pod",
+        help="add pods to the local cluster while gpupool up runs",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    adding = actions.add_parser(
+        "add", help="declare a pod (it is registered at once by a running gpupool up)"
+    )
+    adding.add_argument("name", metavar="NAME", help="the pod's name")
+    adding.add_argument("--namespace", default="default")
+    adding.add_argument("--node", help="its node (default: the node of the running gpupool up)")
+    adding.add_argument(
+        "--core", type=share, required=True, help="requested GPU compute, percent of a GPU"
+    )
+    adding.add_argument(
+        "--memory", type=share, required=True, help="requested GPU memory, percent of a GPU"
+    )
+    adding.add_argument("--limit-core", type=share, help="compute limit (default: --core)")
+    adding.add_argument("--limit-memory", type=share, help="memory limit (default: --memory)")
+    adding.add_argument("--priority", type=int, default=0)
+    adding.add_argument(
+        "--cluster", type=Path, help="the cluster file (default: the running gpupool up's)"
+    )
+    adding.set_defaults(handler=add)
