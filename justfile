@@ -61,6 +61,11 @@ pytest *ARGS:
 test-python VERSION *ARGS:
     GPUPOOL_REQUIRE_DOCKER=1 bash scripts/test-on-python.sh {{VERSION}} {{ARGS}}
 
+# write the Helm chart's templates and values from the kustomize base (deploy/helm/gpupool)
+[group('deploy')]
+chart:
+    uv run python scripts/generate_helm_chart.py
+
 # benchmarks: tables and ratios against baselines measured in the same run
 [group('bench')]
 bench:
