@@ -17,7 +17,7 @@ setup:
 image: setup
     bash scripts/with-dockerd.sh bash scripts/build-images.sh
 
-# the worked example of SPEC.md, live through all four services
+# the worked example (docs/behaviour.md), live through all four services
 [group('run')]
 demo:
     uv run --all-packages gpupool demo
@@ -27,14 +27,14 @@ demo:
 simulate FILE:
     uv run --all-packages gpupool simulate {{FILE}}
 
-# start NATS and the four services locally with simulated GPUs
+# start NATS and the four services locally with simulated GPUs, supervised
 [group('run')]
 up CLUSTER NODE GPUS="2":
     uv run --all-packages gpupool up --cluster {{CLUSTER}} --node-name {{NODE}} --simulate-gpus {{GPUS}}
 
-# everything CI runs: lint, types, architecture contracts, the whole test suite
+# everything CI runs: lint, types, architecture contracts, the whole test suite (and the pure tests on 3.12)
 [group('check')]
-test: setup lint typecheck contracts pytest
+test: setup lint typecheck contracts pytest pytest-3-12
 
 # ruff lint and format check
 [group('check')]
@@ -55,6 +55,11 @@ contracts:
 [group('check')]
 pytest *ARGS:
     GPUPOOL_REQUIRE_DOCKER=1 uv run pytest -q {{ARGS}}
+
+# the pure tests (unit, contract) on Python 3.12 too, when this machine has it
+[group('check')]
+pytest-3-12:
+    GPUPOOL_PYTHON_OPTIONAL=1 bash scripts/test-on-python.sh 3.12 tests/unit tests/contract
 
 # the suite on another Python (3.12, 3.13) in its own environment, .venv-VERSION
 [group('check')]

@@ -2,7 +2,8 @@
 # Runs the test suite on another Python (3.12, 3.13, ...) in its own environment,
 # .venv-<version>, synced from uv.lock:  scripts/test-on-python.sh 3.12 [pytest args]
 # The interpreter comes from PATH (pythonX.Y), pyenv's versions or uv's own
-# installs; without one the run fails, saying so.
+# installs; without one the run fails, saying so (with GPUPOOL_PYTHON_OPTIONAL=1 it
+# says so and succeeds: "the suite runs on each available interpreter").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version="$1"
@@ -19,6 +20,10 @@ for candidate in "$(command -v "python$version" || true)" \
 done
 if [ -z "$python" ]; then
   echo "test-on-python: no Python $version on this machine (PATH, ~/.pyenv/versions, uv)" >&2
+  if [ "${GPUPOOL_PYTHON_OPTIONAL:-0}" = "1" ]; then
+    echo "test-on-python: NOT tested on Python $version" >&2
+    exit 0
+  fi
   exit 1
 fi
 export UV_PROJECT_ENVIRONMENT=".venv-$version"
