@@ -39,10 +39,11 @@ def pod(name: str, gpu_milli: int, *, num_gpu: int = 1, cpu: int = 1000) -> obje
 
 
 def test_gpupool_places_by_the_extender_then_the_core() -> None:
+    # The cluster's workload is refreshed at 1, 2, 4, ... arrivals.
     pods = [
-        pod("p1", 600),  # extender: a 60/200 -> 3, b 60/100 -> 6: b, its only GPU
+        pod("p1", 600),  # seen {60}: gradient 40 on a and on b; b has less GPU left: b
         pod("p2", 500),  # b has 40 left by requests: filtered; a, GPU 0 (lowest index)
-        pod("p3", 300),  # a 80/200 -> 4, b 90/100 -> 9: b, beside p1 (90 by limits)
+        pod("p3", 300),  # seen {60, 50}: b takes its 40 sliver to 10 (gradient -30): b
         pod("p4", 1000, num_gpu=2),  # two empty GPUs nowhere (a's GPU 0 holds p2): fails
         pod("p5", 600),  # only a by requests; GPU 0 would be 110: GPU 1
         pod("p6", 550),  # a by requests (165/200), but 105 and 115 on its GPUs: waits

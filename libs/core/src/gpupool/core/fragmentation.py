@@ -71,6 +71,11 @@ class DemandGroup(msgspec.Struct, frozen=True):
     core: int
     memory: int
     rows: tuple[tuple[int, int, float], ...]
+    weight: float
+    """Probability of the group: the sum of its rows'."""
+    most_cpu: int
+    most_memory: int
+    """The most CPU and memory any task of the group asks: a node with that fits them all."""
 
 
 class Workload(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,7 +106,15 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
             key = (task.gpus, want.core, want.memory)
             by_demand.setdefault(key, []).append((task.cpu_milli, task.memory_mib, weight / total))
         groups = tuple(
-            DemandGroup(gpus, core, memory, tuple(rows))
+            DemandGroup(
+                gpus,
+                core,
+                memory,
+                tuple(rows),
+                sum(w for _, _, w in rows),
+                max(c for c, _, _ in rows),
+                max(m for _, m, _ in rows),
+            )
             for (gpus, core, memory), rows in by_demand.items()
         )
         return cls(weights=tuple(ordered), groups=groups)
@@ -154,16 +167,31 @@ def fragmentation(node: NodeFree, workload: Workload) -> float:
     total = node.free_compute
     if total == 0 or not workload:
         return 0.0
-    expected = 0.0
+    distinct: dict[tuple[int, int], int] = {}
+    for gpu in node.gpus:
+        key = (gpu.core, gpu.memory)
+        distinct[key] = distinct.get(key, 0) + 1
+    whole = distinct.get((GPU_PERCENT, GPU_PERCENT), 0)
     cpu, memory = node.cpu_milli, node.memory_mib
+    expected = 0.0
     for group in workload.groups:
-        want = Share(core=group.core, memory=group.memory)
-        fragment = _gpu_fragment(node.gpus, total, group.gpus, want)
+        if group.gpus == 0:
+            fragment = 0
+        elif group.gpus == 1:
+            fragment = sum(
+                core * count
+                for (core, mem), count in distinct.items()
+                if core < group.core or mem < group.memory
+            )
+        else:
+            fragment = total if whole < group.gpus else total - whole * GPU_PERCENT
         if fragment == total:
-            expected += total * sum(w for _, _, w in group.rows)
-            continue
-        for task_cpu, task_memory, weight in group.rows:
-            expected += weight * (total if task_cpu > cpu or task_memory > memory else fragment)
+            expected += total * group.weight
+        elif group.most_cpu <= cpu and group.most_memory <= memory:
+            expected += fragment * group.weight
+        else:
+            for task_cpu, task_memory, weight in group.rows:
+                expected += weight * (total if task_cpu > cpu or task_memory > memory else fragment)
     return expected
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from gpupool.core.fragmentation import Task, Workload
+from gpupool.extender.rules import NodeModel, node_model, pod_task
 from gpupool.kube.pod_directory import PodDirectory
 from gpupool.kube.port import KubernetesApi
-from gpupool.kube.records import Node, ObjectMeta, Synced
+from gpupool.kube.records import Node, ObjectMeta, PodChange, Synced
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +20,39 @@ class ClusterCache:
         self.nodes: dict[str, Node] = {}
         self.pods = PodDirectory()
         self.nodes_synced = asyncio.Event()
+        self._tasks: dict[Task, int] = {}
+        """Every live pod the watch has seen, as the fragmentation measure sees it."""
+        self._workload: Workload | None = Workload()
+        self._models: dict[str, tuple[Node, NodeModel]] = {}
+        """The model of each node scored since its pods or the node last changed."""
+
+    def workload(self) -> Workload:
+        """The distribution of the pods the cluster runs and waits for (folded from the watch)."""
+        if self._workload is None:
+            self._workload = Workload.of({task: n for task, n in self._tasks.items() if n > 0})
+        return self._workload
+
+    def model(self, node: Node) -> NodeModel:
+        """The extender's model of ``node`` (as the scheduler sent it) with the pods bound there."""
+        kept = self._models.get(node.name)
+        if kept is not None and kept[0] == node:
+            return kept[1]
+        model = node_model(node, [p for p in self.pods.on_node(node.name) if not p.terminated])
+        self._models[node.name] = (node, model)
+        return model
+
+    def apply_pod(self, change: PodChange) -> None:
+        before = self.pods.apply(change)
+        after = None if change.type == "DELETED" else change.object
+        for pod, step in ((before, -1), (after, 1)):
+            if pod is None:
+                continue
+            if pod.node_name:
+                self._models.pop(pod.node_name, None)
+            task = None if pod.terminated else pod_task(pod)
+            if task is not None:
+                self._tasks[task] = self._tasks.get(task, 0) + step
+                self._workload = None
 
     @property
     def ready(self) -> bool:
@@ -51,4 +86,4 @@ class ClusterCache:
             if isinstance(item, Synced):
                 self.pods.synced.set()
             else:
-                self.pods.apply(item)
+                self.apply_pod(item)
