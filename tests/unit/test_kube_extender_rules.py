@@ -317,3 +317,22 @@ def test_whole_gpu_and_cpu_only_pods_are_scored_too() -> None:
         whole, [plain, busy], usage, lambda n: node_model(n, bound[n.name]), workload
     )
     assert [(s.host, s.score) for s in scores] == [("plain", 5), ("busy", 10)]
+
+
+def test_the_cache_folds_the_live_pods_into_the_workload_and_drops_stale_models() -> None:
+    from gpupool.extender.cluster_cache import ClusterCache
+    from gpupool.kube.records import PodChange
+
+    cache = ClusterCache(api=None)  # type: ignore[arg-type]  # the watch is not run
+    bound = msgspec.structs.replace(
+        bound_share_pod(60),
+        spec=msgspec.structs.replace(bound_share_pod(60).spec, node_name="share-pool"),
+    )
+    assert not cache.workload()
+    cache.apply_pod(PodChange(type="ADDED", object=bound))
+    task = Task(cpu_milli=1000, memory_mib=1024, share=Share(core=60, memory=60))
+    assert dict(cache.workload().weights) == {task: 1.0}
+    assert cache.model(NODES[0]).usage[0] == Share(core=60, memory=60)
+    cache.apply_pod(PodChange(type="DELETED", object=bound))
+    assert not cache.workload()
+    assert cache.model(NODES[0]).usage[0] == Share(core=0, memory=0)

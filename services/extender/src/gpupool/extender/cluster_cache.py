@@ -6,10 +6,11 @@ import asyncio
 import logging
 
 from gpupool.core.fragmentation import Task, Workload
-from gpupool.extender.rules import NodeModel, node_model, pod_task
+from gpupool.events import PodRef
+from gpupool.extender.rules import NodeModel, PodView, node_model, pod_view
 from gpupool.kube.pod_directory import PodDirectory
 from gpupool.kube.port import KubernetesApi
-from gpupool.kube.records import Node, ObjectMeta, PodChange, Synced
+from gpupool.kube.records import Node, ObjectMeta, Pod, PodChange, Synced
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,8 @@ class ClusterCache:
         self._tasks: dict[Task, int] = {}
         """Every live pod the watch has seen, as the fragmentation measure sees it."""
         self._workload: Workload | None = Workload()
+        self._views: dict[PodRef, PodView] = {}
+        """Each live pod classified once per change (the node models read them)."""
         self._models: dict[str, tuple[Node, NodeModel]] = {}
         """The model of each node scored since its pods or the node last changed."""
 
@@ -37,9 +40,16 @@ class ClusterCache:
         kept = self._models.get(node.name)
         if kept is not None and kept[0] == node:
             return kept[1]
-        model = node_model(node, [p for p in self.pods.on_node(node.name) if not p.terminated])
+        bound = [p for p in self.pods.on_node(node.name) if not p.terminated]
+        model = node_model(node, bound, self._view)
         self._models[node.name] = (node, model)
         return model
+
+    def _view(self, pod: Pod) -> PodView:
+        view = self._views.get(pod.ref)
+        if view is None:
+            view = self._views[pod.ref] = pod_view(pod)
+        return view
 
     def apply_pod(self, change: PodChange) -> None:
         before = self.pods.apply(change)
@@ -49,10 +59,13 @@ class ClusterCache:
                 continue
             if pod.node_name:
                 self._models.pop(pod.node_name, None)
-            task = None if pod.terminated else pod_task(pod)
+            self._views.pop(pod.ref, None)
+            task = None if pod.terminated else self._view(pod)[1]
             if task is not None:
                 self._tasks[task] = self._tasks.get(task, 0) + step
                 self._workload = None
+        if after is None and before is not None:
+            self._views.pop(before.ref, None)
 
     @property
     def ready(self) -> bool:

@@ -219,7 +219,18 @@ def _amount(value: object, scale: int | Fraction) -> int:
     return -(-scaled.numerator // scaled.denominator)
 
 
-def node_model(node: Node, bound: Sequence[Pod]) -> NodeModel:
+PodView = tuple[PodKind, Task | None]
+"""A pod as the node model reads it: ``classify`` and ``pod_task`` (callers may remember it)."""
+
+
+def pod_view(pod: Pod) -> PodView:
+    kind = classify(pod)
+    return kind, pod_task(pod, kind)
+
+
+def node_model(
+    node: Node, bound: Sequence[Pod], view: Callable[[Pod], PodView] = pod_view
+) -> NodeModel:
     """The extender's model of ``node`` with ``bound`` (the live pods bound to it, in the
     order they were bound).
 
@@ -242,8 +253,7 @@ def node_model(node: Node, bound: Sequence[Pod]) -> NodeModel:
     shares: list[Share] = []
     whole = 0
     for pod in bound:
-        kind = classify(pod)
-        task = pod_task(pod, kind)
+        kind, task = view(pod)
         if task is None:
             continue
         cpu -= task.cpu_milli
