@@ -160,3 +160,17 @@ def test_read_published_keeps_the_workload_and_converts_to_unallocated(tmp_path:
         "Random": pytest.approx([13.75, 14.5]),
         "FGD": pytest.approx([4.77]),
     }
+
+
+def test_fgd_reference_takes_the_lowest_gradient_then_the_smallest_name() -> None:
+    pods = [pod("q1", 500), pod("q2", 500), pod("q3", 600)]
+    workload = b.trace_workload([pod("w", 500), pod("v", 600)])
+    run = b.simulate(NODES, pods, b.FgdPlacement(workload), random.Random(0))
+    # q1: gradient 0 on a and on b (50 left fits a 50): a, by name
+    # q2: filling a's GPU 0 removes its 50 sliver for the 60s (-25 expected): a, GPU 0
+    # q3: on a's GPU 1 or on b it leaves a 40 that neither kind can use: +40 both: a, by name
+    assert run.outcomes == [
+        b.Placed(node=A, gpus=(0,)),
+        b.Placed(node=A, gpus=(0,)),
+        b.Placed(node=A, gpus=(1,)),
+    ]
