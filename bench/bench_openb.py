@@ -121,7 +121,8 @@ DECISIONS = (
     "a pod the extender binds where no GPU fits waits in the node's queue for ever (no departures); "
     "strict order: later sharing pods on that node wait behind it",
     "num_gpu > 1: whole empty GPUs (lowest index), node by the extender's score, never queued",
-    "num_gpu == 0: scored by the extender too (the scheduler profile sends it every pod)",
+    "num_gpu == 0: scored by the extender too, as when the scheduler profile sends it every "
+    "pod (the shipped profile's managedResources send only GPU pods)",
     "no CPU/memory reserved for gpupool on enabled nodes (NodeStatusSettings sizes it for HPN nodes)",
     "the extender's model of a node is the node as it is (its replay of the bound pods through "
     "choose_gpu gives the node's own placement when pods become ready in the order bound)",
