@@ -1,7 +1,8 @@
 """gpupool's placement on the Alibaba 2023 openb GPU-sharing traces, against the published
 results of the FGD paper's simulator (Weng et al., USENIX ATC'23) on the same traces.
 
-    .venv/bin/python bench/bench_openb.py [--traces DIR] [--seeds 10] [--workers N]
+    .venv/bin/python bench/bench_openb.py [--traces DIR] [--pods FILE ...] [--seeds 10]
+        [--workers N] [--fgd]
 
 DIR holds the files of alibaba/clusterdata ``cluster-trace-gpu-v2023/csv/`` plus the
 simulator's published ``fgd_analysis_allo_discrete.csv`` (default
@@ -21,38 +22,22 @@ arrivals up to 100.5 % are simulated: later ones cannot change that figure. Go's
 streams are not Python's: the seeds give other shuffles than the published runs, so
 compare medians and ranges, not single seeds.
 
-gpupool's placement, in its two stages, with its real functions:
+gpupool's placement, in its two stages, with its real functions (docs/placement.md):
 
-* node: kube-scheduler keeps the nodes with CPU and memory left for the pod's requests;
-  the extender (``gpupool.extender.rules``: ``classify``, ``why_not``, ``best_fit_score``)
-  keeps the share-pool nodes whose share allocatable minus the requests bound there
-  covers the pod's requests, and scores them 0..10 by best fit (how full the node's share
-  resources will be); the highest score wins.
-* GPU: the node's core (``gpupool.core.placement.choose_gpu``, ``fits``): best fit by
-  limits among the GPUs the pod fits on.
+* node: kube-scheduler keeps the nodes with CPU and memory left for the pod's requests
+  (and of a GPU model in its ``gpu_spec``); the extender (``gpupool.extender.rules``:
+  ``classify``, ``why_not``) keeps the share-pool nodes whose share allocatable minus the
+  requests bound there covers the pod's requests, and scores them by
+  ``placement_cost`` (fits a GPU by limits now; fragmentation gradient over the workload
+  the cluster has seen, CPU and memory included; GPU left) and ``scores_by_cost`` (0..10);
+  the highest score wins, ties at random.
+* GPU: the node's core (``gpupool.core.placement.choose_gpu`` with ``node_workload``):
+  the lowest fragmentation gradient for the shares seen on the node, then best fit.
 
-Decisions the README does not give (the natural ones; the bench prints them too):
-
-1. Shares: a ``num_gpu == 1`` pod asks gpu_milli/10 % of one GPU's compute and memory,
-   as requests and as limits (the trace has no GPU-memory column and no limits).
-2. Ties between the best-scored nodes go to a random one (kube-scheduler's selectHost
-   does that). Only the extender's score ranks nodes: kube-scheduler's own score plugins
-   (LeastAllocated, BalancedAllocation, ...) are not modelled.
-3. A pod the extender sends to a node on which no GPU fits it (the node has room by
-   requests, but not on any one GPU) is bound and waits in the node's ready queue; with
-   no departures it waits for ever and counts as unallocated. The queue is served in
-   strict order (gpupool's default; backfill is off): behind a waiting head, later
-   GPU-sharing pods bound to that node wait too. Waiting pods hold their CPU, memory and
-   share requests (they are bound).
-4. ``num_gpu > 1`` pods ask whole GPUs: they go to nodes with that many empty GPUs, the
-   node chosen by the extender's best-fit score with num_gpu × 100 % as the request, the
-   GPUs by ``choose_gpu`` (the empty ones, lowest index first). They never queue.
-5. ``num_gpu == 0`` pods use CPU and memory only: the extender has no preference, so a
-   random node with room.
-6. The CPU and memory gpupool's node controller reserves on an enabled node
-   (``NodeStatusSettings``: 32 CPUs, 160Gi, sized for 16-GPU HPN nodes) are not
-   reserved here: 159 of these 1,213 nodes have no more than that. Nodes keep their
-   trace capacity; the GPU model is ignored (the default trace asks for none).
+Decisions the README does not give are listed in ``DECISIONS`` and printed. ``--pods``
+takes any pod list of the same format; the published rows for its workload (the file's
+stem) are shown when the CSV has them. ``--fgd`` adds ``FgdPlacement``, an FGD built in
+this harness from the paper (random ties).
 
 Baselines measured in the same run, by this file's own code, to show that the method
 reproduces the published one: the simulator's Random (a random node among those the pod
@@ -82,7 +67,8 @@ from pathlib import Path
 
 import msgspec
 
-from gpupool.core.placement import GpuUsage, add, choose_gpu, fits
+from gpupool.core.fragmentation import NodeFree, Task, Workload, fragmentation, place
+from gpupool.core.placement import GpuUsage, add, choose_gpu, fits, subtract
 from gpupool.core.state import GPU_PERCENT
 from gpupool.core.validation import (
     CORE_RESOURCE,
@@ -91,7 +77,15 @@ from gpupool.core.validation import (
     POLICY_LABEL,
 )
 from gpupool.events import Share
-from gpupool.extender.rules import GpuSharePod, best_fit_score, classify, why_not
+from gpupool.extender.rules import (
+    Cost,
+    GpuSharePod,
+    NodeModel,
+    classify,
+    placement_cost,
+    scores_by_cost,
+    why_not,
+)
 from gpupool.kube.node_status import (
     NodeStatusSettings,
     OriginalResources,
@@ -108,7 +102,6 @@ DEFAULT_TRACES = Path(
     )
 )
 NODE_FILE = "openb_node_list_gpu_node.csv"
-POD_FILE = "openb_pod_list_default.csv"
 PUBLISHED_FILE = "fgd_analysis_allo_discrete.csv"
 WORKLOAD = "openb_pod_list_default"
 FIRST_SEED = 42
@@ -123,12 +116,17 @@ NO_SHARE = Share(core=0, memory=0)
 PUBLISHED_POLICIES = ("Random", "DotProd", "GpuClustering", "GpuPacking", "BestFit", "FGD")
 DECISIONS = (
     "shares: a 1-GPU pod asks gpu_milli/10 % of one GPU's core and memory, as requests and limits",
-    "ties between the best-scored nodes go to a random one; kube-scheduler's own scores are not modelled",
+    "the extender's 0..10 score ranks nodes (10 = cheapest by placement_cost); ties between "
+    "the best-scored nodes go to a random one; kube-scheduler's own scores are not modelled",
     "a pod the extender binds where no GPU fits waits in the node's queue for ever (no departures); "
     "strict order: later sharing pods on that node wait behind it",
-    "num_gpu > 1: whole empty GPUs (choose_gpu), node by the extender's best-fit score, never queued",
-    "num_gpu == 0: CPU and memory only, a random node with room (the extender has no preference)",
+    "num_gpu > 1: whole empty GPUs (lowest index), node by the extender's score, never queued",
+    "num_gpu == 0: scored by the extender too, as when the scheduler profile sends it every "
+    "pod (the shipped profile's managedResources send only GPU pods)",
     "no CPU/memory reserved for gpupool on enabled nodes (NodeStatusSettings sizes it for HPN nodes)",
+    "the extender's model of a node is the node as it is (its replay of the bound pods through "
+    "choose_gpu gives the node's own placement when pods become ready in the order bound)",
+    "gpu_spec (GPU models a pod may use) is a node selector: other models are filtered out",
 )
 
 
@@ -140,6 +138,7 @@ class TraceNode(msgspec.Struct, frozen=True, kw_only=True):
     cpu_milli: int
     memory_mib: int
     gpus: int
+    model: str = ""
 
 
 class TracePod(msgspec.Struct, frozen=True, kw_only=True):
@@ -149,6 +148,8 @@ class TracePod(msgspec.Struct, frozen=True, kw_only=True):
     num_gpu: int
     gpu_milli: int
     """Share of one GPU for a 1-GPU pod (1000 = whole); 1000 for multi-GPU pods."""
+    gpu_spec: frozenset[str] = frozenset()
+    """GPU models the pod may run on (empty: any), the trace's ``gpu_spec`` split on ``|``."""
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -163,6 +164,7 @@ def read_nodes(path: Path) -> list[TraceNode]:
                 cpu_milli=int(row["cpu_milli"]),
                 memory_mib=int(row["memory_mib"]),
                 gpus=int(row["gpu"]),
+                model=row.get("model", ""),
             )
             for row in csv.DictReader(file)
         ]
@@ -177,6 +179,7 @@ def read_pods(path: Path) -> list[TracePod]:
                 memory_mib=int(row["memory_mib"]),
                 num_gpu=int(row["num_gpu"]),
                 gpu_milli=int(row["gpu_milli"]),
+                gpu_spec=frozenset(m for m in (row.get("gpu_spec") or "").split("|") if m),
             )
             for row in csv.DictReader(file)
         ]
@@ -220,6 +223,7 @@ class NodeState(msgspec.Struct, kw_only=True):
 
     name: str
     gpus: int
+    model: str
     cpu_left: int
     memory_left: int
     gpu_usage: GpuUsage
@@ -233,6 +237,12 @@ class NodeState(msgspec.Struct, kw_only=True):
     a pod fits on no GPU where it does not fit beside these (a quick test before ``fits``)."""
     waiting: int = 0
     """GPU-sharing pods bound here that no GPU took (the node's ready queue)."""
+    seen: dict[Share, int] = {}
+    """Shares of the GPU-sharing pods bound here (the node's own workload), by share."""
+    version: int = 0
+    """Bumped at every change: remembered scores of the node are stale after it."""
+    verdicts: dict[int, bool] = {}
+    """The extender's filter verdicts for the node as it is, by the pod's gpu_milli."""
     kube: Node
     """The node as gpupool's node controller leaves it with share-pool enabled."""
 
@@ -242,11 +252,26 @@ class NodeState(msgspec.Struct, kw_only=True):
         return any(fits(used, want) for used in self.gpu_usage.values())
 
     def has_room(self, pod: TracePod) -> bool:
-        """kube-scheduler's CPU and memory check."""
+        """kube-scheduler's checks: CPU and memory, and the GPU model (``gpu_spec``, a node selector)."""
+        if pod.gpu_spec and self.model not in pod.gpu_spec:
+            return False
         return self.cpu_left >= pod.cpu_milli and self.memory_left >= pod.memory_mib
 
     def empty_gpus(self) -> int:
         return sum(1 for used in self.gpu_usage.values() if fits(used, WHOLE_GPU))
+
+    def extender_model(self) -> NodeModel:
+        """The extender's model of the node (decision 7: the node as it is)."""
+        return NodeModel(
+            free=NodeFree(
+                cpu_milli=self.cpu_left,
+                memory_mib=self.memory_left,
+                gpus=tuple(subtract(WHOLE_GPU, self.gpu_usage[i]) for i in sorted(self.gpu_usage)),
+            ),
+            usage=self.gpu_usage,
+            waiting=self.waiting,
+            seen=Workload.of({Task(share=share): n for share, n in self.seen.items()}),
+        )
 
 
 T0 = datetime(2023, 1, 1, tzinfo=UTC)
@@ -288,6 +313,7 @@ def new_cluster(nodes: Sequence[TraceNode]) -> list[NodeState]:
             NodeState(
                 name=node.name,
                 gpus=node.gpus,
+                model=node.model,
                 cpu_left=node.cpu_milli,
                 memory_left=node.memory_mib,
                 gpu_usage={index: NO_SHARE for index in range(node.gpus)},
@@ -353,12 +379,16 @@ def apply(cluster: list[NodeState], pod: TracePod, outcome: Outcome) -> None:
     if isinstance(outcome, Failed):
         return
     node = cluster[outcome.node]
+    node.version += 1
+    node.verdicts.clear()
     node.cpu_left -= pod.cpu_milli
     node.memory_left -= pod.memory_mib
     if pod.num_gpu == 0:
         return
     one_gpu = pod.num_gpu == 1
     node.share_requested = add(node.share_requested, share_of(pod) if one_gpu else whole_gpus(pod))
+    if one_gpu:
+        node.seen[share_of(pod)] = node.seen.get(share_of(pod), 0) + 1
     if isinstance(outcome, Waiting):
         node.waiting += 1
         return
@@ -372,97 +402,112 @@ def apply(cluster: list[NodeState], pod: TracePod, outcome: Outcome) -> None:
     )
 
 
-def cpu_only(pod: TracePod, cluster: list[NodeState], rng: random.Random) -> Outcome:
-    """Decision 5: a random node with CPU and memory left."""
-    roomy = [i for i, node in enumerate(cluster) if node.has_room(pod)]
-    return Placed(node=rng.choice(roomy)) if roomy else Failed()
-
-
 # --------------------------------------------------------------------------- gpupool
 
 
 class GpupoolPlacement:
     """The extender chooses the node, the node's core chooses the GPU.
 
-    The extender's verdict and score for a node depend only on the node's labels and
-    conditions (the same on every node here), its share allocatable (its GPU count), the
-    requests bound there and the pod's requests: they are computed by the extender's
-    own functions once per such key and remembered.
+    Filter: the extender's ``why_not`` (share requests bound on the node against its
+    share allocatable), after kube-scheduler's CPU and memory check. Its verdict depends
+    only on the node's labels and conditions (the same on every node here), its share
+    allocatable (its GPU count), the requests bound there and the pod's requests: it is
+    computed once per such key and remembered.
+
+    Score: the extender's ``placement_cost`` on its model of each node, with the
+    workload the cluster has seen (every pod that arrived so far, folded into a
+    ``Workload`` at 1, 2, 4, ... arrivals and then every ``REFRESH_EVERY``), turned into
+    0..10 by ``scores_by_cost``; ties between the best-scored nodes at random. The
+    extender's model of a node is the node itself here (decision 7).
+
+    GPU: the node's ``choose_gpu`` with ``node_workload`` (the shares of the pods bound
+    there, the pod included), as the admission-queue calls it.
     """
+
+    REFRESH_EVERY = 1024
 
     def __init__(self) -> None:
         self._kinds: dict[Share, GpuSharePod] = {}
-        self._scores: dict[tuple[int, Share, Share], int | None] = {}
+        self._verdicts: dict[tuple[int, Share, Share], bool] = {}
+        self._seen: dict[Task, float] = {}
+        self._arrived = 0
+        self._next_refresh = 1
+        self.workload = Workload()
+        self._costs: dict[Task, dict[int, tuple[Cost, tuple[int, ...]]]] = {}
+        self._before: dict[tuple[int, int], float] = {}
 
     def __call__(self, pod: TracePod, cluster: list[NodeState], rng: random.Random) -> Outcome:
-        if pod.num_gpu == 0:
-            return cpu_only(pod, cluster, rng)
-        if pod.num_gpu == 1:
-            return self._share_pod(pod, cluster, rng)
-        return self._whole_gpu_pod(pod, cluster, rng)
-
-    def _share_pod(self, pod: TracePod, cluster: list[NodeState], rng: random.Random) -> Outcome:
-        kind = self._kind(share_of(pod))
-        best = self._best_nodes(pod, cluster, kind.spec.requests, lambda node: True)
-        if not best:
-            return Failed()
-        index = rng.choice(best)
-        node = cluster[index]
-        if node.waiting:
-            return Waiting(node=index)  # strict order: the head blocks those behind it
-        gpu = choose_gpu(node.gpu_usage, kind.spec.limits)
-        return Waiting(node=index) if gpu is None else Placed(node=index, gpus=(gpu,))
-
-    def _whole_gpu_pod(
-        self, pod: TracePod, cluster: list[NodeState], rng: random.Random
-    ) -> Outcome:
-        best = self._best_nodes(
-            pod, cluster, whole_gpus(pod), lambda node: node.empty_gpus() >= pod.num_gpu
-        )
-        if not best:
-            return Failed()
-        index = rng.choice(best)
-        return Placed(node=index, gpus=best_fit_gpus(pod, WHOLE_GPU, cluster[index]))
-
-    def _best_nodes(
-        self,
-        pod: TracePod,
-        cluster: list[NodeState],
-        requests: Share,
-        eligible: Callable[[NodeState], bool],
-    ) -> list[int]:
-        """The nodes with the highest extender score among those kube and the extender pass."""
-        best: list[int] = []
-        top = -1
+        task = task_of(pod)
+        self._see(task)
+        per_task = self._costs.setdefault(task, {})
+        costs: dict[int, Cost] = {}
+        cpu, memory, spec = pod.cpu_milli, pod.memory_mib, pod.gpu_spec
         for index, node in enumerate(cluster):
-            if not node.has_room(pod):
+            if node.cpu_left < cpu or node.memory_left < memory or not self._passes(pod, node):
                 continue
-            score = self._score(node, requests)
-            if score is None or score < top or not eligible(node):
+            if spec and node.model not in spec:
                 continue
-            if score > top:
-                top, best = score, []
-            best.append(index)
-        return best
+            found = per_task.get((node.version << 12) | index)
+            costs[index] = (found or self._cost(index, node, task))[0]
+        if not costs:
+            return Failed()
+        scores = scores_by_cost(costs)
+        top = max(scores.values())
+        index = rng.choice([name for name, score in scores.items() if score == top])
+        node = cluster[index]
+        cost, gpus = self._cost(index, node, task)
+        if cost[0] != 0:
+            return Waiting(node=index)  # no GPU fits by limits, or the queue has a head
+        if pod.num_gpu == 1:  # the node's own choice, its workload now including the pod
+            seen = dict(node.seen)
+            seen[task.per_gpu()] = seen.get(task.per_gpu(), 0) + 1
+            workload = Workload.of({Task(share=share): n for share, n in seen.items()})
+            gpu = choose_gpu(node.gpu_usage, task.share, workload=workload)
+            assert gpu is not None
+            gpus = (gpu,)
+        return Placed(node=index, gpus=gpus)
 
-    def _score(self, node: NodeState, requests: Share) -> int | None:
-        """The extender's score for the node, None where its filter keeps the pod off.
+    def _see(self, task: Task) -> None:
+        """The extender watches every pod: fold the arrivals into the cluster's workload."""
+        self._seen[task] = self._seen.get(task, 0.0) + 1
+        self._arrived += 1
+        if self._arrived >= self._next_refresh:
+            self.workload = Workload.of(self._seen)
+            self._costs.clear()
+            self._before.clear()
+            self._next_refresh = min(2 * self._arrived, self._arrived + self.REFRESH_EVERY)
 
-        A whole-GPU request (over 100 %) is not a GPU-sharing pod for the extender: it is
-        only scored (decision 4); its filter is the empty-GPU check.
-        """
-        key = (node.gpus, node.share_requested, requests)
-        if key not in self._scores:
-            used = node.share_requested
-            verdict = (
-                None
-                if requests.core > GPU_PERCENT
-                else why_not(self._kind(requests), node.kube, lambda name: used)
-            )
-            self._scores[key] = (
-                best_fit_score(node.kube, used, requests) if verdict is None else None
-            )
-        return self._scores[key]
+    def _passes(self, pod: TracePod, node: NodeState) -> bool:
+        """The extender's filter (one GPU) or decision 4's (several GPUs)."""
+        if pod.num_gpu > 1:
+            return node.empty_gpus() >= pod.num_gpu
+        if pod.num_gpu == 0:
+            return True
+        verdict = node.verdicts.get(pod.gpu_milli)
+        if verdict is None:
+            requests = share_of(pod)
+            key = (node.gpus, node.share_requested, requests)
+            verdict = self._verdicts.get(key)
+            if verdict is None:
+                used = node.share_requested
+                verdict = why_not(self._kind(requests), node.kube, lambda name: used) is None
+                self._verdicts[key] = verdict
+            node.verdicts[pod.gpu_milli] = verdict
+        return verdict
+
+    def _cost(self, index: int, node: NodeState, task: Task) -> tuple[Cost, tuple[int, ...]]:
+        per_task = self._costs.setdefault(task, {})
+        key = (node.version << 12) | index
+        found = per_task.get(key)
+        if found is None:
+            before = self._before.get((index, node.version))
+            model = node.extender_model()
+            if before is None:
+                before = self._before[index, node.version] = fragmentation(
+                    model.free, self.workload
+                )
+            found = per_task[key] = placement_cost(model, task, self.workload, before=before)
+        return found
 
     def _kind(self, share: Share) -> GpuSharePod:
         """The extender's view of a share-pool pod asking ``share`` (requests = limits)."""
@@ -471,6 +516,15 @@ class GpupoolPlacement:
             assert isinstance(kind, GpuSharePod), kind
             self._kinds[share] = kind
         return self._kinds[share]
+
+
+def task_of(pod: TracePod) -> Task:
+    return Task(
+        cpu_milli=pod.cpu_milli,
+        memory_mib=pod.memory_mib,
+        gpus=pod.num_gpu,
+        share=share_of(pod) if pod.num_gpu == 1 else (WHOLE_GPU if pod.num_gpu else NO_SHARE),
+    )
 
 
 def share_pool_pod(share: Share) -> Pod:
@@ -566,6 +620,72 @@ def best_fit_placement(pod: TracePod, cluster: list[NodeState], rng: random.Rand
     return Placed(node=index, gpus=best_fit_gpus(pod, want, cluster[index]))
 
 
+class FgdPlacement:
+    """An FGD reference built in this harness from the paper's definitions: among the nodes
+    the pod fits on (the simulator's filter), the node and GPU whose placement raises the
+    node's fragmentation least, for the workload of the whole trace (the paper's target
+    workload, known in advance); CPU-only pods too. Ties: the smallest node name (the
+    published simulator's vendored kube-scheduler) or at random (stock kube-scheduler)."""
+
+    def __init__(self, workload: Workload, *, ties: str = "name") -> None:
+        self.workload = workload
+        self.ties = ties
+        self._memo: dict[tuple[int, int, Task], tuple[float, tuple[int, ...]]] = {}
+        self._before: dict[tuple[int, int], float] = {}
+
+    def __call__(self, pod: TracePod, cluster: list[NodeState], rng: random.Random) -> Outcome:
+        task = task_of(pod)
+        want = asked_per_gpu(pod)
+        best: list[int] = []
+        low = 0.0
+        for index, node in enumerate(cluster):
+            if not fits_somewhere(pod, want, node):
+                continue
+            change = self._best(index, node, task)[0]
+            if not best or change < low:
+                low, best = change, [index]
+            elif change == low:
+                best.append(index)
+        if not best:
+            return Failed()
+        if self.ties == "name":
+            index = min(best, key=lambda i: cluster[i].name)
+        else:
+            index = rng.choice(best)
+        return Placed(node=index, gpus=self._best(index, cluster[index], task)[1])
+
+    def _best(self, index: int, node: NodeState, task: Task) -> tuple[float, tuple[int, ...]]:
+        key = (index, node.version, task)
+        found = self._memo.get(key)
+        if found is None:
+            free = node.extender_model().free
+            before = self._before.get((index, node.version))
+            if before is None:
+                before = self._before[index, node.version] = fragmentation(free, self.workload)
+            order = sorted(node.gpu_usage)
+            if task.gpus == 1:
+                options = [
+                    (at,) for at, gpu in enumerate(order) if fits(node.gpu_usage[gpu], task.share)
+                ]
+            elif task.gpus > 1:
+                empty = [at for at, gpu in enumerate(order) if fits(node.gpu_usage[gpu], WHOLE_GPU)]
+                options = [tuple(empty[: task.gpus])]
+            else:
+                options = [()]
+            seen: dict[tuple[Share, ...], tuple[float, tuple[int, ...]]] = {}
+            for option in options:
+                shape = tuple(free.gpus[at] for at in option)
+                if shape not in seen:
+                    after = fragmentation(place(free, task, option), self.workload)
+                    seen[shape] = (round(after - before, 9), tuple(order[at] for at in option))
+            found = self._memo[key] = min(seen.values())
+        return found
+
+
+def trace_workload(pods: Iterable[TracePod]) -> Workload:
+    return Workload.of(task_of(pod) for pod in pods)
+
+
 # --------------------------------------------------------------------------- runs
 
 
@@ -643,7 +763,12 @@ REPRODUCED_WITHIN = 1.0
 """A baseline whose median is within this many points of the published one reproduces it."""
 
 
+FGD_HERE = "FGD (this harness)"
+"""The optional FGD reference (``--fgd``): ``FgdPlacement`` with the trace's workload."""
+
+
 class SeedResult(msgspec.Struct, frozen=True, kw_only=True):
+    pods_file: str
     policy: str
     seed: int
     unallocated: float
@@ -653,14 +778,21 @@ class SeedResult(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float
 
 
-def run_seed(policy: str, seed: int, traces: Path) -> SeedResult:
-    nodes = read_nodes(traces / NODE_FILE)
-    pods = read_pods(traces / POD_FILE)
+def make_policy(policy: str, pods: Sequence[TracePod]) -> Policy:
+    if policy == FGD_HERE:
+        return FgdPlacement(trace_workload(pods), ties="random")
+    return POLICIES[policy]()
+
+
+def run_seed(policy: str, seed: int, node_file: Path, pods_file: Path) -> SeedResult:
+    nodes = read_nodes(node_file)
+    pods = read_pods(pods_file)
     capacity = sum(node.gpus for node in nodes) * GPU_MILLI
     order = until_past(arrivals(pods, capacity, seed), capacity, HEADLINE_ARRIVED + 0.5)
     start = time.perf_counter()
-    run = simulate(nodes, order, POLICIES[policy](), random.Random(seed))
+    run = simulate(nodes, order, make_policy(policy, pods), random.Random(seed))
     return SeedResult(
+        pods_file=pods_file.name,
         policy=policy,
         seed=seed,
         unallocated=run.unallocated_at(HEADLINE_ARRIVED),
@@ -678,79 +810,128 @@ def summary(values: Sequence[float]) -> str:
     return f"{statistics.median(values):6.2f}   {min(values):6.2f} – {max(values):6.2f}"
 
 
+DEFAULT_PODS = (
+    "openb_pod_list_default.csv",
+    "openb_pod_list_gpushare40.csv",
+    "openb_pod_list_multigpu20.csv",
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
+    parser.add_argument(
+        "--pods",
+        type=Path,
+        action="append",
+        help="a pod list of the openb format (repeatable; a bare name is looked up in --traces; "
+        f"default: {', '.join(DEFAULT_PODS)})",
+    )
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--fgd", action="store_true", help="also run this harness's FGD reference (slow)"
+    )
     args = parser.parse_args()
     traces: Path = args.traces
-    if not (traces / POD_FILE).is_file():
+    pods_files = [
+        path if path.is_file() else traces / path for path in (args.pods or map(Path, DEFAULT_PODS))
+    ]
+    missing = [path for path in [traces / NODE_FILE, *pods_files] if not path.is_file()]
+    if missing:
         print(
-            f"bench_openb: no openb traces in {traces} (alibaba/clusterdata "
-            "cluster-trace-gpu-v2023/csv/ and the FGD simulator's analysis_allo_discrete.csv); "
-            "skipped. Give --traces DIR or GPUPOOL_OPENB_TRACES."
+            f"bench_openb: no openb traces ({', '.join(map(str, missing))} missing; alibaba/"
+            "clusterdata cluster-trace-gpu-v2023/csv/ and the FGD simulator's "
+            "analysis_allo_discrete.csv); skipped. Give --traces DIR or GPUPOOL_OPENB_TRACES."
         )
         return
     nodes = read_nodes(traces / NODE_FILE)
-    pods = read_pods(traces / POD_FILE)
-    published = read_published(traces / PUBLISHED_FILE)
     seeds = range(FIRST_SEED, FIRST_SEED + args.seeds)
+    policies = [*POLICIES, *([FGD_HERE] if args.fgd else [])]
     print(
-        f"openb: {len(nodes)} GPU nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} pods "
-        f"({POD_FILE}); seeds {seeds.start}..{seeds.stop - 1}; arrivals to {TUNE_RATIO:.0%}, "
-        f"no departures; unallocated GPU % at {HEADLINE_ARRIVED} % arrived"
+        f"openb: {len(nodes)} GPU nodes, {sum(n.gpus for n in nodes)} GPUs; seeds "
+        f"{seeds.start}..{seeds.stop - 1}; arrivals to {TUNE_RATIO:.0%}, no departures; "
+        f"unallocated GPU % at {HEADLINE_ARRIVED} % arrived"
     )
     print("decisions the README leaves open:")
     for number, decision in enumerate(DECISIONS, start=1):
         print(f"  {number}. {decision}")
 
     start = time.perf_counter()
-    jobs = [(policy, seed) for policy in POLICIES for seed in seeds]
+    jobs = [(policy, seed, path) for path in pods_files for policy in policies for seed in seeds]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_seed, policy, seed, traces) for policy, seed in jobs]
+        futures = [
+            pool.submit(run_seed, policy, seed, traces / NODE_FILE, path)
+            for policy, seed, path in jobs
+        ]
         results = [future.result() for future in futures]
     wall = time.perf_counter() - start
 
-    ours = {policy: [r for r in results if r.policy == policy] for policy in POLICIES}
-    print()
-    print(f"{'policy':<22} {'median':>6}   {'min – max':>15}   source")
-    for policy in PUBLISHED_POLICIES:
-        values = published[policy]
-        print(f"{policy:<22} {summary(values)}   published, FGD simulator ({len(values)} seeds)")
-    for policy, rows in ours.items():
-        values = [r.unallocated for r in rows]
-        print(f"{policy:<22} {summary(values)}   measured here ({len(values)} seeds)")
+    ratios: list[tuple[str, float, float, float, float, float | None]] = []
+    for path in pods_files:
+        workload = path.stem
+        published = read_published(traces / PUBLISHED_FILE, workload)
+        pods = read_pods(path)
+        ours = {
+            policy: [r for r in results if r.policy == policy and r.pods_file == path.name]
+            for policy in policies
+        }
+        print(f"\n== {path.name}: {len(pods)} pods ==")
+        print(f"{'policy':<22} {'median':>6}   {'min – max':>15}   source")
+        for policy in PUBLISHED_POLICIES:
+            values = published.get(policy)
+            if values:
+                print(f"{policy:<22} {summary(values)}   published ({len(values)} seeds)")
+        for policy, rows in ours.items():
+            values = [r.unallocated for r in rows]
+            print(f"{policy:<22} {summary(values)}   measured here ({len(values)} seeds)")
 
-    def median_of(policy: str) -> float:
-        return statistics.median(r.unallocated for r in ours[policy])
+        def median_of(policy: str, rows: dict[str, list[SeedResult]] = ours) -> float:
+            return statistics.median(r.unallocated for r in rows[policy])
 
-    print()
-    gpupool = median_of(GPUPOOL)
-    for reference in ("BestFit", "FGD"):
-        figure = statistics.median(published[reference])
-        label = f"gpupool / published {reference}"
-        print(f"{label:<40} {gpupool / figure:5.2f}×  ({gpupool:.2f} / {figure:.2f})")
-    for reference, ours_name in (("Random", RANDOM_HERE), ("BestFit", BEST_FIT_HERE)):
-        here, figure = median_of(ours_name), statistics.median(published[reference])
-        verdict = (
-            "reproduced"
-            if abs(here - figure) <= REPRODUCED_WITHIN
-            else "DIFFERS from the published figure: the method differs"
+        gpupool = median_of(GPUPOOL)
+        if not published:
+            print(f"(no published rows for {workload})")
+        for reference in ("BestFit", "FGD"):
+            if reference in published:
+                figure = statistics.median(published[reference])
+                label = f"gpupool / published {reference}"
+                print(f"{label:<40} {gpupool / figure:5.2f}×  ({gpupool:.2f} / {figure:.2f})")
+        for reference, ours_name in (("Random", RANDOM_HERE), ("BestFit", BEST_FIT_HERE)):
+            if reference not in published:
+                continue
+            here, figure = median_of(ours_name), statistics.median(published[reference])
+            verdict = (
+                "reproduced"
+                if abs(here - figure) <= REPRODUCED_WITHIN
+                else "DIFFERS from the published figure: the method differs"
+            )
+            label = f"{ours_name} / published {reference}"
+            print(f"{label:<40} {here / figure:5.2f}×  ({here:.2f} / {figure:.2f}): {verdict}")
+        print(f"{'policy':<22} {'placed':>7} {'waiting':>8} {'failed':>7}   (median, to 100.5 %)")
+        for policy, rows in ours.items():
+            print(
+                f"{policy:<22} {statistics.median(r.placed for r in rows):7.0f} "
+                f"{statistics.median(r.waiting for r in rows):8.0f} "
+                f"{statistics.median(r.failed for r in rows):7.0f}"
+            )
+        fgd = statistics.median(published["FGD"]) if "FGD" in published else None
+        ratios.append(
+            (
+                workload,
+                median_of(RANDOM_HERE),
+                median_of(BEST_FIT_HERE),
+                fgd or 0.0,
+                gpupool,
+                None if fgd is None else gpupool / fgd,
+            )
         )
-        label = f"{ours_name} / published {reference}"
-        print(f"{label:<40} {here / figure:5.2f}×  ({here:.2f} / {figure:.2f}): {verdict}")
-    print()
-    print(
-        f"pods arrived up to {HEADLINE_ARRIVED + 0.5} %, median of seeds "
-        "(waiting: bound by gpupool's extender to a node where no GPU fits, decision 3):"
-    )
-    print(f"{'policy':<22} {'placed':>7} {'waiting':>8} {'failed':>7}")
-    for policy, rows in ours.items():
+    print("\nsummary (median unallocated GPU % at 100 % arrived):")
+    print(f"{'trace':<30} {'Random':>7} {'BestFit':>8} {'FGD pub.':>9} {'gpupool':>8} {'/ FGD':>7}")
+    for workload, rnd, best, fgd_figure, ours_median, ratio in ratios:
+        shown = "—" if ratio is None else f"{ratio:.2f}×"
         print(
-            f"{policy:<22} {statistics.median(r.placed for r in rows):7.0f} "
-            f"{statistics.median(r.waiting for r in rows):8.0f} "
-            f"{statistics.median(r.failed for r in rows):7.0f}"
+            f"{workload:<30} {rnd:7.2f} {best:8.2f} {fgd_figure:9.2f} {ours_median:8.2f} {shown:>7}"
         )
     busy = sum(r.seconds for r in results)
     print(

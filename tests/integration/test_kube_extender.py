@@ -119,7 +119,7 @@ TABLE: list[tuple[str, dict[str, Any], list[str], dict[str, str], dict[str, int]
             "static-a": KEPT_OFF.format("static"),
             "bad-qos": KEPT_OFF.format("share-pool"),
         },
-        {"pool-a": 0, "pool-b": 0, "static-a": 0, "plain": 0, "bad-qos": 0},
+        {"pool-a": 0, "pool-b": 0, "static-a": 0, "plain": 10, "bad-qos": 0},
     ),
     (
         "share-60",
@@ -131,10 +131,12 @@ TABLE: list[tuple[str, dict[str, Any], list[str], dict[str, str], dict[str, int]
             "plain": NOT_ENABLED,
             "bad-qos": BAD_QOS,
         },
-        {"pool-a": 0, "pool-b": 5, "static-a": 0, "plain": 0, "bad-qos": 0},
+        {"pool-a": 0, "pool-b": 10, "static-a": 0, "plain": 0, "bad-qos": 0},
     ),
     (
-        "share-40-best-fit",
+        # pool-a's two GPUs are full by limits (a1 and a2 have limits 100): the pod would
+        # wait there; on pool-b it fits GPU 1 now
+        "share-40-fits-a-gpu-now",
         SHARE_40,
         ["pool-a", "pool-b"],
         {
@@ -142,7 +144,7 @@ TABLE: list[tuple[str, dict[str, Any], list[str], dict[str, str], dict[str, int]
             "plain": NOT_ENABLED,
             "bad-qos": BAD_QOS,
         },
-        {"pool-a": 9, "pool-b": 4, "static-a": 0, "plain": 0, "bad-qos": 0},
+        {"pool-a": 0, "pool-b": 10, "static-a": 0, "plain": 0, "bad-qos": 0},
     ),
     (
         "static",
@@ -154,14 +156,16 @@ TABLE: list[tuple[str, dict[str, Any], list[str], dict[str, str], dict[str, int]
             "plain": NOT_ENABLED,
             "bad-qos": "the node's GPU share policy is share-pool, the pod's is static",
         },
-        {"pool-a": 0, "pool-b": 0, "static-a": 1, "plain": 0, "bad-qos": 0},
+        {"pool-a": 0, "pool-b": 0, "static-a": 10, "plain": 0, "bad-qos": 0},
     ),
     (
         "cpu-only",
         CPU_ONLY,
         ["pool-a", "pool-b", "static-a", "plain", "bad-qos"],
         {},
-        {"pool-a": 0, "pool-b": 0, "static-a": 0, "plain": 0, "bad-qos": 0},
+        # scored too (when the scheduler sends it): its CPU is best where the GPUs are
+        # already taken (pool-a: no free GPU to strand), then where fewest are free
+        {"pool-a": 10, "pool-b": 7, "static-a": 4, "plain": 4, "bad-qos": 4},
     ),
 ]
 

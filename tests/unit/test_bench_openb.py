@@ -39,10 +39,11 @@ def pod(name: str, gpu_milli: int, *, num_gpu: int = 1, cpu: int = 1000) -> obje
 
 
 def test_gpupool_places_by_the_extender_then_the_core() -> None:
+    # The cluster's workload is refreshed at 1, 2, 4, ... arrivals.
     pods = [
-        pod("p1", 600),  # extender: a 60/200 -> 3, b 60/100 -> 6: b, its only GPU
+        pod("p1", 600),  # seen {60}: gradient 40 on a and on b; b has less GPU left: b
         pod("p2", 500),  # b has 40 left by requests: filtered; a, GPU 0 (lowest index)
-        pod("p3", 300),  # a 80/200 -> 4, b 90/100 -> 9: b, beside p1 (90 by limits)
+        pod("p3", 300),  # seen {60, 50}: b takes its 40 sliver to 10 (gradient -30): b
         pod("p4", 1000, num_gpu=2),  # two empty GPUs nowhere (a's GPU 0 holds p2): fails
         pod("p5", 600),  # only a by requests; GPU 0 would be 110: GPU 1
         pod("p6", 550),  # a by requests (165/200), but 105 and 115 on its GPUs: waits
@@ -159,3 +160,17 @@ def test_read_published_keeps_the_workload_and_converts_to_unallocated(tmp_path:
         "Random": pytest.approx([13.75, 14.5]),
         "FGD": pytest.approx([4.77]),
     }
+
+
+def test_fgd_reference_takes_the_lowest_gradient_then_the_smallest_name() -> None:
+    pods = [pod("q1", 500), pod("q2", 500), pod("q3", 600)]
+    workload = b.trace_workload([pod("w", 500), pod("v", 600)])
+    run = b.simulate(NODES, pods, b.FgdPlacement(workload), random.Random(0))
+    # q1: gradient 0 on a and on b (50 left fits a 50): a, by name
+    # q2: filling a's GPU 0 removes its 50 sliver for the 60s (-25 expected): a, GPU 0
+    # q3: on a's GPU 1 or on b it leaves a 40 that neither kind can use: +40 both: a, by name
+    assert run.outcomes == [
+        b.Placed(node=A, gpus=(0,)),
+        b.Placed(node=A, gpus=(0,)),
+        b.Placed(node=A, gpus=(1,)),
+    ]

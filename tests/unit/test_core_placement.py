@@ -100,6 +100,13 @@ PLACEMENT = [
         3,
         [Run("a", 1, 40), Run("b", 2, 40)],
         [Wait("x", 50)],
+        [("x", 0)],
+        id="an-empty-gpu-before-a-full-one-that-would-leave-an-unusable-10",
+    ),
+    pytest.param(
+        3,
+        [Run("a", 1, 40), Run("b", 2, 40)],
+        [Wait("x", 60)],
         [("x", 1)],
         id="lowest-index-among-equally-full",
     ),

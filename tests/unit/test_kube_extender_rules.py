@@ -8,8 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from gpupool.core.fragmentation import Task, Workload
 from gpupool.events import Share
-from gpupool.extender.rules import best_fit_score, filter_nodes, prioritize
+from gpupool.extender.rules import filter_nodes, node_model, pod_task, prioritize, scores_by_cost
 from gpupool.kube.node_status import (
     ConfigurationRefused,
     NodeOutcome,
@@ -223,35 +224,115 @@ def test_memory_is_checked_too() -> None:
     }
 
 
-def test_prioritize_prefers_the_fullest_node_that_fits() -> None:
-    half = node("half-used", "share-pool", SHARE_POOL)
-    empty = node("empty", "share-pool", SHARE_POOL)
-    full = node("full", "share-pool", SHARE_POOL)
-    used = {
-        "half-used": Share(core=100, memory=100),
-        "empty": Share(core=0, memory=0),
-        "full": Share(core=180, memory=180),
+def bound_share_pod(limit: int, *, cpu: str = "1") -> Pod:
+    """A GPU-sharing pod asking ``limit`` % of a GPU as requests and limits, and ``cpu``."""
+    amounts = {
+        "alibabacloud.com/gpu-core.percentage": str(limit),
+        "alibabacloud.com/gpu-memory.percentage": str(limit),
     }
-    scores = prioritize(
-        share("share-pool", request=50),
-        [empty, half, full, NODES[2]],
-        lambda n: used.get(n, Share(core=0, memory=0)),
+    return pod(
+        labels={
+            "alibabacloud.com/compute-class": "gpu-hpn",
+            "alibabacloud.com/gpu-share-policy": "share-pool",
+        },
+        requests={**amounts, "cpu": cpu, "memory": "1Gi"},
+        limits=amounts,
     )
-    assert [(s.host, s.score) for s in scores] == [
-        ("empty", 2),
-        ("half-used", 7),
-        ("full", 0),
-        ("plain", 0),
-    ]
 
 
-def test_best_fit_score_is_0_to_10() -> None:
-    enabled = NODES[0]
-    assert best_fit_score(enabled, Share(core=0, memory=0), Share(core=1, memory=1)) == 0
-    assert best_fit_score(enabled, Share(core=100, memory=0), Share(core=100, memory=200)) == 10
-    assert best_fit_score(enabled, Share(core=150, memory=50), Share(core=10, memory=10)) == 5
+def test_node_model_places_the_bound_pods_by_the_cores_gpu_choice() -> None:
+    model = node_model(NODES[0], [bound_share_pod(60), bound_share_pod(30), bound_share_pod(50)])
+    # 60 on GPU 0; the 30 joins it (the 40 left there was a fragment for the 60 and the
+    # 50 seen: gradient -16.7 against 0 on GPU 1); the 50 cannot join 90: GPU 1
+    assert model.usage == {0: Share(core=90, memory=90), 1: Share(core=50, memory=50)}
+    assert model.waiting == 0
+    # allocatable CPU: 64 less the 32 gpupool reserves on an enabled node; 1 per pod
+    assert model.free.cpu_milli == 32000 - 3000
+    assert model.free.gpus == (Share(core=10, memory=10), Share(core=50, memory=50))
+    # a third pod of 60 fits no GPU by limits: it waits
+    assert node_model(NODES[0], [bound_share_pod(60), bound_share_pod(60)]).waiting == 0
+    assert node_model(NODES[0], [bound_share_pod(60)] * 3).waiting == 1
 
 
-def test_whole_gpu_pods_get_no_preference() -> None:
-    exclusive = pod(requests={"nvidia.com/gpu": "1"})
-    assert {s.score for s in prioritize(exclusive, NODES, usage)} == {0}
+def test_prioritize_prefers_the_node_where_the_pod_leaves_no_unusable_sliver() -> None:
+    sixty = node("sixty-used", "share-pool", SHARE_POOL)
+    empty = node("empty", "share-pool", SHARE_POOL)
+    bound = {"sixty-used": [bound_share_pod(60)], "empty": []}
+    # the cluster runs 60 % and 40 % pods, one each
+    workload = Workload.of(
+        [Task(cpu_milli=1000, memory_mib=1024, share=Share(core=c, memory=c)) for c in (60, 40)]
+    )
+    scores = prioritize(
+        bound_share_pod(40),
+        [empty, sixty, NODES[2]],
+        lambda name: Share(core=60, memory=60) if name == "sixty-used" else Share(core=0, memory=0),
+        lambda n: node_model(n, bound[n.name]),
+        workload,
+    )
+    # beside the 60 it fills the GPU (the 40 left there was a fragment for 60 % pods:
+    # gradient -20); on the empty node it leaves 60 and 100, both usable (gradient 0);
+    # "plain" is filtered out
+    assert [(s.host, s.score) for s in scores] == [("empty", 5), ("sixty-used", 10), ("plain", 0)]
+
+
+def test_scores_by_cost_ranks_nodes_that_fit_now_above_those_that_would_wait() -> None:
+    costs = {
+        "best": (0, -5.0, 0.1),
+        "tied": (0, -5.0, 0.1),
+        "next": (0, 0.0, 0.5),
+        "worst": (0, 3.0, 0.9),
+        "queue-blocked": (1, 0.0, 0.0),
+        "would-block": (2, 0.0, 0.0),
+    }
+    assert scores_by_cost(costs) == {
+        "best": 10,
+        "tied": 10,
+        "next": 7,  # 9 - 8 x 1 // 3 distinct costs
+        "worst": 4,  # 9 - 8 x 2 // 3
+        "queue-blocked": 1,
+        "would-block": 0,
+    }
+
+
+def test_whole_gpu_and_cpu_only_pods_are_scored_too() -> None:
+    plain = node("plain", None)
+    busy = node("busy", None)
+    whole = pod(requests={"nvidia.com/gpu": "1", "cpu": "1"})
+    assert pod_task(whole) == Task(cpu_milli=1000, gpus=1, share=Share(core=100, memory=100))
+    cpu_only = pod(requests={"cpu": "500m", "memory": "2Gi"})
+    assert pod_task(cpu_only) == Task(
+        cpu_milli=500, memory_mib=2048, gpus=0, share=Share(core=0, memory=0)
+    )
+    # "busy" runs a whole-GPU pod; a 2-GPU task is part of the workload: taking the
+    # last free GPU of "busy" leaves no pair anywhere there, on "plain" it keeps... none
+    # either way; a 1-GPU pod is best where it does not break up a free pair
+    bound = {"plain": [], "busy": [whole]}
+    workload = Workload.of(
+        [
+            Task(cpu_milli=1000, gpus=2),
+            Task(cpu_milli=1000, gpus=1, share=Share(core=100, memory=100)),
+        ]
+    )
+    scores = prioritize(
+        whole, [plain, busy], usage, lambda n: node_model(n, bound[n.name]), workload
+    )
+    assert [(s.host, s.score) for s in scores] == [("plain", 5), ("busy", 10)]
+
+
+def test_the_cache_folds_the_live_pods_into_the_workload_and_drops_stale_models() -> None:
+    from gpupool.extender.cluster_cache import ClusterCache
+    from gpupool.kube.records import PodChange
+
+    cache = ClusterCache(api=None)  # type: ignore[arg-type]  # the watch is not run
+    bound = msgspec.structs.replace(
+        bound_share_pod(60),
+        spec=msgspec.structs.replace(bound_share_pod(60).spec, node_name="share-pool"),
+    )
+    assert not cache.workload()
+    cache.apply_pod(PodChange(type="ADDED", object=bound))
+    task = Task(cpu_milli=1000, memory_mib=1024, share=Share(core=60, memory=60))
+    assert dict(cache.workload().weights) == {task: 1.0}
+    assert cache.model(NODES[0]).usage[0] == Share(core=60, memory=60)
+    cache.apply_pod(PodChange(type="DELETED", object=bound))
+    assert not cache.workload()
+    assert cache.model(NODES[0]).usage[0] == Share(core=0, memory=0)

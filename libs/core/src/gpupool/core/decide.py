@@ -21,6 +21,7 @@ from gpupool.core.placement import (
     allocated_requests,
     choose_gpu,
     gpu_usage,
+    node_workload,
     ready_queue,
     reservation_gpu,
     static_usage,
@@ -334,13 +335,14 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
         return []
     pods = state.pods_on(node_name)
     usage = gpu_usage(node, pods)
+    workload = node_workload(pods)
     uuids = {gpu.index: gpu.uuid for gpu in node.gpus}
     events: list[Event] = []
     queue = ready_queue(state, node_name)
     position = 0
     while position < len(queue):
         head = queue[position]
-        gpu = choose_gpu(usage, head.limits)
+        gpu = choose_gpu(usage, head.limits, workload=workload)
         if gpu is None:
             break
         events.append(Assigned(pod=head.ref, node=node_name, gpu_index=gpu, gpu_uuid=uuids[gpu]))
@@ -350,7 +352,7 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
         head = queue[position]
         reserved = reservation_gpu(usage, head, pods)
         for pod in queue[position + 1 :]:
-            gpu = choose_gpu(usage, pod.limits, exclude=reserved)
+            gpu = choose_gpu(usage, pod.limits, exclude=reserved, workload=workload)
             if gpu is None:
                 continue
             events.append(Assigned(pod=pod.ref, node=node_name, gpu_index=gpu, gpu_uuid=uuids[gpu]))

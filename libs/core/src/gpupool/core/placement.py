@@ -6,8 +6,11 @@ Each rule lives here, in one named function:
   of the limits of the pods running there plus its own is at most 100.
 * ``queue_order_key``: higher priority first, then the time the pod became ready
   (FIFO; ``ready_order`` breaks ties deterministically).
-* ``choose_gpu``: among the GPUs a pod fits, the fullest one (best fit, keeps
-  whole GPUs free for pods with large limits), then the lowest index.
+* ``choose_gpu``: among the GPUs a pod fits by limits, the one whose use leaves the
+  node's free capacity least fragmented for the workload the node has seen
+  (``node_workload``; the measure is ``gpupool.core.fragmentation``), then the
+  fullest one (best fit), then the lowest index. Without a workload: best fit.
+  The extender's model of a node and the admission-queue both choose with it.
 * ``reservation_gpu``: with backfill, the GPU the head will get: the one that
   needs the least to be freed for it (a GPU with a preemption under way for the
   head wins).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from gpupool.core.fragmentation import NodeFree, Task, Workload, fragmentation
 from gpupool.core.state import GPU_PERCENT, NodeState, PodState, State
 from gpupool.events import PodRef, Share
 
@@ -93,16 +97,52 @@ def fits(used: Share, want: Share) -> bool:
     return used.core + want.core <= GPU_PERCENT and used.memory + want.memory <= GPU_PERCENT
 
 
-def choose_gpu(usage: GpuUsage, want: Share, *, exclude: int | None = None) -> int | None:
-    """Best fit: the fullest GPU the pod fits on, lowest index on ties."""
-    best: tuple[int, int] | None = None
-    for index in sorted(usage):
-        if index == exclude or not fits(usage[index], want):
-            continue
-        fullness = usage[index].core + usage[index].memory
-        if best is None or fullness > best[0]:
-            best = (fullness, index)
-    return None if best is None else best[1]
+UNBOUNDED = 1 << 62
+"""CPU and memory of a node seen by one GPU choice: the choice cannot change them."""
+
+
+def choose_gpu(
+    usage: GpuUsage, want: Share, *, exclude: int | None = None, workload: Workload | None = None
+) -> int | None:
+    """The GPU a pod asking ``want`` (its limits) gets, None if it fits on none.
+
+    Only GPUs it fits on by limits (``fits``) are candidates. With a ``workload``: the
+    candidate with the lowest fragmentation gradient for it, then the fullest, then the
+    lowest index. Without one: the fullest, then the lowest index (best fit).
+    """
+    candidates = [index for index in sorted(usage) if index != exclude and fits(usage[index], want)]
+    if not candidates:
+        return None
+    if not workload:
+        return min(candidates, key=lambda index: (-_fullness(usage[index]), index))
+    order = sorted(usage)
+    position = {index: at for at, index in enumerate(order)}
+    free = tuple(subtract(WHOLE_GPU, usage[index]) for index in order)
+    before = fragmentation(NodeFree(cpu_milli=UNBOUNDED, memory_mib=UNBOUNDED, gpus=free), workload)
+    gradients: dict[Share, float] = {}
+
+    def key(index: int) -> tuple[float, int, int]:
+        used = usage[index]
+        if used not in gradients:
+            after = list(free)
+            after[position[index]] = subtract(after[position[index]], want)
+            node = NodeFree(cpu_milli=UNBOUNDED, memory_mib=UNBOUNDED, gpus=tuple(after))
+            gradients[used] = round(fragmentation(node, workload) - before, 9)
+        return (gradients[used], -_fullness(used), index)
+
+    return min(candidates, key=key)
+
+
+def _fullness(used: Share) -> int:
+    return used.core + used.memory
+
+
+WHOLE_GPU = Share(core=GPU_PERCENT, memory=GPU_PERCENT)
+
+
+def node_workload(pods: Iterable[PodState]) -> Workload:
+    """The GPU shares (limits) of the share-pool pods registered on a node: what it has seen."""
+    return Workload.of(Task(gpus=1, share=pod.limits) for pod in pods if pod.policy == "share-pool")
 
 
 def reservation_gpu(usage: GpuUsage, head: PodState, pods: Iterable[PodState]) -> int | None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from gpupool.core.fragmentation import Task, Workload
+from gpupool.events import PodRef
+from gpupool.extender.rules import NodeModel, PodView, node_model, pod_view
 from gpupool.kube.pod_directory import PodDirectory
 from gpupool.kube.port import KubernetesApi
-from gpupool.kube.records import Node, ObjectMeta, Synced
+from gpupool.kube.records import Node, ObjectMeta, Pod, PodChange, Synced
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +21,51 @@ class ClusterCache:
         self.nodes: dict[str, Node] = {}
         self.pods = PodDirectory()
         self.nodes_synced = asyncio.Event()
+        self._tasks: dict[Task, int] = {}
+        """Every live pod the watch has seen, as the fragmentation measure sees it."""
+        self._workload: Workload | None = Workload()
+        self._views: dict[PodRef, PodView] = {}
+        """Each live pod classified once per change (the node models read them)."""
+        self._models: dict[str, tuple[Node, NodeModel]] = {}
+        """The model of each node scored since its pods or the node last changed."""
+
+    def workload(self) -> Workload:
+        """The distribution of the pods the cluster runs and waits for (folded from the watch)."""
+        if self._workload is None:
+            self._workload = Workload.of({task: n for task, n in self._tasks.items() if n > 0})
+        return self._workload
+
+    def model(self, node: Node) -> NodeModel:
+        """The extender's model of ``node`` (as the scheduler sent it) with the pods bound there."""
+        kept = self._models.get(node.name)
+        if kept is not None and kept[0] == node:
+            return kept[1]
+        bound = [p for p in self.pods.on_node(node.name) if not p.terminated]
+        model = node_model(node, bound, self._view)
+        self._models[node.name] = (node, model)
+        return model
+
+    def _view(self, pod: Pod) -> PodView:
+        view = self._views.get(pod.ref)
+        if view is None:
+            view = self._views[pod.ref] = pod_view(pod)
+        return view
+
+    def apply_pod(self, change: PodChange) -> None:
+        before = self.pods.apply(change)
+        after = None if change.type == "DELETED" else change.object
+        for pod, step in ((before, -1), (after, 1)):
+            if pod is None:
+                continue
+            if pod.node_name:
+                self._models.pop(pod.node_name, None)
+            self._views.pop(pod.ref, None)
+            task = None if pod.terminated else self._view(pod)[1]
+            if task is not None:
+                self._tasks[task] = self._tasks.get(task, 0) + step
+                self._workload = None
+        if after is None and before is not None:
+            self._views.pop(before.ref, None)
 
     @property
     def ready(self) -> bool:
@@ -51,4 +99,4 @@ class ClusterCache:
             if isinstance(item, Synced):
                 self.pods.synced.set()
             else:
-                self.pods.apply(item)
+                self.apply_pod(item)

@@ -76,7 +76,9 @@ class ExtenderHandlers:
             self.answered["prioritize", "bad-request"] += 1
             return 400, "text/plain", f"cannot read ExtenderArgs: {exc}\n".encode()
         self.answered["prioritize", "ok"] += 1
-        return 200, JSON, encode(prioritize(pod, nodes, self._usage(pod)))
+        cache = self._cache
+        scores = prioritize(pod, nodes, self._usage(pod), cache.model, cache.workload())
+        return 200, JSON, encode(scores)
 
     def _usage(self, pod: Pod) -> ShareUsage:
         pods = self._cache.pods
