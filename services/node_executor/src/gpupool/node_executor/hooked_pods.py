@@ -137,6 +137,10 @@ class ExecutorView(Protocol):
 
     def pods_by_uid(self) -> dict[str, PodRef]: ...
 
+    async def record_refusal(self, pod: PodRef, reason: str, message: str) -> None:
+        """A refusal that is no core decision is still an event (PodRejected)."""
+        ...
+
     async def request_gpu(self, pod: PodRef) -> Rejected | None:
         """RequestGpu; the core's refusal as the hook is told it, or None."""
         ...
@@ -219,17 +223,22 @@ class HookedPods:
             claimed = pods_by_uid.get(peer.pod_uid or "", PodRef(namespace="?", name="?"))
         identity = pod_of_peer(executor.identity, claimed, peer, pods_by_uid)
         if isinstance(identity, IdentityRefused):
+            await executor.record_refusal(claimed, identity.reason, identity.message)
             await channel.send(Rejected(reason=identity.reason, message=identity.message))
             return
         pod = identity
         state = executor.pod(pod)
-        if state is None or state.policy != "share-pool":
+        if state is None:  # the core's word (and its PodRejected event): not registered
+            rejected = await executor.request_gpu(pod)
             await channel.send(
-                Rejected(
-                    reason="UnknownPod",
-                    message=f"pod {pod} is not a GPU-sharing pod registered on this node",
-                )
+                rejected
+                or Rejected(reason="UnknownPod", message=f"pod {pod} is not registered here")
             )
+            return
+        if state.policy != "share-pool":
+            message = f"pod {pod} has policy {state.policy}, not share-pool: its GPU is not shared"
+            await executor.record_refusal(pod, "NotSharePool", message)
+            await channel.send(Rejected(reason="NotSharePool", message=message))
             return
         if executor.runs_command(pod):
             await channel.send(

@@ -678,6 +678,13 @@ class _HookedExecutorView:
             if pod.uid
         }
 
+    async def record_refusal(self, pod: PodRef, reason: str, message: str) -> None:
+        executor = self._executor
+        log.warning("node-executor: refused a CUDA hook: %s", message)
+        await executor._record(
+            PodRejected(pod=pod, node=executor.node, reason=reason, message=message)
+        )
+
     async def request_gpu(self, pod: PodRef) -> Rejected | None:
         executor = self._executor
         events = await executor.loop.execute(
