@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpupool.node_executor.hook_install import install_cuda_hook
 from gpupool.node_executor.inventory import (
     ExecutorReadings,
     NoGpuInventory,
@@ -75,7 +76,21 @@ def main() -> None:
         type=float,
         help="seconds between waiting messages (default: the node's QoS, 10 s)",
     )
+    parser.add_argument(
+        "--install-cuda-hook",
+        nargs=2,
+        type=Path,
+        metavar=("LIBRARY", "DIRECTORY"),
+        help="copy the CUDA hook LIBRARY into the host DIRECTORY (atomically) before serving",
+    )
     args = parser.parse_args()
+    if args.install_cuda_hook is not None:
+        try:
+            installed = install_cuda_hook(*args.install_cuda_hook)
+        except OSError as error:
+            print(f"gpupool node-executor: cannot install the CUDA hook: {error}", file=sys.stderr)
+            raise SystemExit(3) from error
+        print(f"gpupool node-executor: CUDA hook installed at {installed}", file=sys.stderr)
     if not args.node_name:
         parser.error("--node-name (or GPUPOOL_NODE_NAME) is required")
     if args.simulate_gpus is not None and args.simulate_gpus < 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import ssl
@@ -80,6 +81,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+CERTIFICATE_CHECK_SECONDS = 30.0
+
+
+def _stamp(*paths: str) -> tuple[float, ...]:
+    return tuple(os.stat(path).st_mtime for path in paths)
+
+
+async def reload_certificate(
+    context: ssl.SSLContext, cert: str, key: str, stop: asyncio.Event
+) -> None:
+    """Load the certificate again when its files change (cert-manager's or a script's renewal):
+    new connections get the new one, open ones keep theirs."""
+    seen = _stamp(cert, key)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CERTIFICATE_CHECK_SECONDS):
+                await stop.wait()
+        try:
+            now = _stamp(cert, key)
+            if now != seen:
+                context.load_cert_chain(cert, key)
+                seen = now
+                log.info("gpupool-webhook: reloaded its certificate %s", cert)
+        except (OSError, ssl.SSLError) as error:  # half-written during a swap: next time
+            log.warning("gpupool-webhook: cannot reload its certificate yet: %s", error)
+
+
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -98,7 +126,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     # the line tests and operators wait for
     log.info("gpupool-webhook listening on https://%s:%d", args.http_host, port)
     try:
-        await stop.wait()
+        await reload_certificate(context, args.tls_cert, args.tls_key, stop)
     finally:
         await endpoint.stop()
         log.info("gpupool-webhook stopped")
