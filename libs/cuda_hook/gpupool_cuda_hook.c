@@ -184,8 +184,16 @@ static size_t slot_used;
 static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
 #define TOMBSTONE 1ULL /* no allocation has address 1 */
 
+/* Device addresses are aligned (low bits all zero): mix every bit into the slot number. */
+static size_t home(unsigned long long key, size_t count) {
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdULL;
+    key ^= key >> 33;
+    return (size_t)key & (count - 1);
+}
+
 static size_t slot_of(struct slot *table, size_t count, unsigned long long key) {
-    size_t i = (size_t)((key >> 4) * 0x9E3779B97F4A7C15ULL) & (count - 1);
+    size_t i = home(key, count);
     while (table[i].key != 0 && table[i].key != key) i = (i + 1) & (count - 1);
     return i;
 }
@@ -193,23 +201,23 @@ static size_t slot_of(struct slot *table, size_t count, unsigned long long key) 
 static void remember(unsigned long long key, unsigned long long bytes) {
     if (memory_limit == 0 || key == 0) return;
     pthread_mutex_lock(&slots_lock);
-    if ((slot_used + 1) * 2 > slot_count) {
-        size_t count = slot_count ? slot_count * 2 : 1024;
+    if ((slot_used + 1) * 2 > slot_count) { /* rebuilt without tombstones, 4x the live ones */
+        size_t live = 0;
+        for (size_t i = 0; i < slot_count; i++)
+            if (slots[i].key > TOMBSTONE) live++;
+        size_t count = 1024;
+        while (count < (live + 1) * 4) count *= 2;
         struct slot *table = calloc(count, sizeof *table);
         if (table != NULL) {
-            size_t live = 0;
             for (size_t i = 0; i < slot_count; i++)
-                if (slots[i].key > TOMBSTONE) {
-                    table[slot_of(table, count, slots[i].key)] = slots[i];
-                    live++;
-                }
+                if (slots[i].key > TOMBSTONE) table[slot_of(table, count, slots[i].key)] = slots[i];
             free(slots);
             slots = table;
             slot_count = count;
             slot_used = live;
         }
     }
-    if (slots != NULL) {
+    if (slots != NULL && slot_used < slot_count) { /* full only if a rebuild failed */
         size_t i = slot_of(slots, slot_count, key);
         if (slots[i].key == 0) slot_used++;
         slots[i].key = key;
@@ -223,7 +231,7 @@ static unsigned long long forget(unsigned long long key) {
     if (memory_limit == 0 || key == 0) return 0;
     pthread_mutex_lock(&slots_lock);
     if (slots != NULL) {
-        size_t i = (size_t)((key >> 4) * 0x9E3779B97F4A7C15ULL) & (slot_count - 1);
+        size_t i = home(key, slot_count);
         while (slots[i].key != 0) {
             if (slots[i].key == key) {
                 bytes = slots[i].bytes;

@@ -87,6 +87,32 @@ async def test_allocations_past_the_pods_limit_fail_with_out_of_memory_and_the_p
     assert allocations(driver_calls(driver_log, second.pid)) == [LIMIT - half]
 
 
+async def test_thousands_of_allocations_are_counted_and_all_given_back(tmp_path: Path) -> None:
+    """The hook's table of live allocations grows, and frees return every byte to the pod."""
+    driver_log = tmp_path / "driver.log"
+    count = 3000
+    async with running_stack(tmp_path, CLUSTER, NODE, gpus=1) as stack:
+        process = await start_hooked(
+            stack.socket_path,
+            "small",
+            ["init", *[f"alloc:{MIB}"] * count, "info", "free-all", "info"],
+            driver_log=driver_log,
+            program="c",
+        )
+        assert await process.exit_code() == 0, process.stderr
+    assert process.stdout == [
+        "cuInit 0",
+        f"cuMemGetInfo 0 free={LIMIT - count * MIB} total={LIMIT}",
+        f"cuMemFree-all {count} 0",
+        f"cuMemGetInfo 0 free={LIMIT} total={LIMIT}",
+    ]
+    calls = driver_calls(driver_log, process.pid)
+    assert allocations(calls) == [MIB] * count
+    assert sum(
+        call.startswith("cuMemFree_v2 ") and call.endswith("result=0") for call in calls
+    ) == (count)
+
+
 async def test_without_an_executor_cuinit_fails_with_one_clear_line_and_nothing_reaches_the_gpu(
     tmp_path: Path,
 ) -> None:

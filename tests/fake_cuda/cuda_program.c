@@ -7,6 +7,8 @@
  *   info          cuMemGetInfo_v2               -> "cuMemGetInfo 0 free=F total=T"
  *   alloc:N       cuMemAlloc_v2 of N bytes      -> "cuMemAlloc N 0" (or the error code)
  *   free          cuMemFree_v2 of the last successful allocation
+ *   free-all      cuMemFree_v2 of every allocation not freed yet -> "cuMemFree-all N R"
+ *                 (N frees, R the first error or 0)
  *   wait          read a line from stdin (the test decides when the process goes on)
  */
 #include <dlfcn.h>
@@ -53,6 +55,8 @@ int main(int argc, char **argv) {
         info = (info_fn)dlsym(driver, "cuMemGetInfo_v2");
     }
     CUdeviceptr last = 0;
+    CUdeviceptr *held = calloc((size_t)argc, sizeof *held);
+    size_t held_count = 0;
     char line[256];
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "init") == 0) {
@@ -65,10 +69,20 @@ int main(int argc, char **argv) {
             size_t bytes = strtoull(argv[i] + 6, NULL, 10);
             CUdeviceptr ptr = 0;
             CUresult r = alloc(&ptr, bytes);
-            if (r == 0) last = ptr;
-            printf("cuMemAlloc %zu %d\n", bytes, r);
+            if (r == 0) held[held_count++] = last = ptr;
+            if (argc < 64) printf("cuMemAlloc %zu %d\n", bytes, r); /* long runs: summary only */
         } else if (strcmp(argv[i], "free") == 0) {
+            for (size_t k = 0; k < held_count; k++)
+                if (held[k] == last) held[k] = held[--held_count];
             printf("cuMemFree %d\n", release(last));
+        } else if (strcmp(argv[i], "free-all") == 0) {
+            CUresult first = 0;
+            size_t n = held_count;
+            while (held_count > 0) {
+                CUresult r = release(held[--held_count]);
+                if (first == 0) first = r;
+            }
+            printf("cuMemFree-all %zu %d\n", n, first);
         } else if (strcmp(argv[i], "wait") == 0) {
             printf("waiting\n");
             fflush(stdout);

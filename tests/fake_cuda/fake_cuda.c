@@ -4,8 +4,8 @@
  * with the pid and, for cuInit, the CUDA_VISIBLE_DEVICES the process had at that moment.
  *
  * Memory is bookkeeping only: addresses are made up, the device has $FAKE_CUDA_TOTAL_BYTES
- * (default 80 GiB) and an allocation past it fails with CUDA_ERROR_OUT_OF_MEMORY, as a real
- * driver's would. Every call except cuInit, cuDriverGetVersion and cuGetProcAddress fails with
+ * (default 80 GiB), an allocation past it fails with CUDA_ERROR_OUT_OF_MEMORY and freeing an
+ * address it never gave fails with CUDA_ERROR_INVALID_VALUE, as a real driver's would. Every call except cuInit, cuDriverGetVersion and cuGetProcAddress fails with
  * CUDA_ERROR_NOT_INITIALIZED before cuInit succeeded.
  */
 #define _GNU_SOURCE
@@ -20,12 +20,44 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 
 #define OK 0
+#define INVALID_VALUE 1
 #define OUT_OF_MEMORY 2
 #define NOT_INITIALIZED 3
 #define NOT_FOUND 500
 
 static int initialized;
 static unsigned long long used;
+
+/* Live allocations (address, bytes): few in any test, so a plain array searched from the end. */
+struct live {
+    unsigned long long key;
+    unsigned long long bytes;
+};
+static struct live *live;
+static size_t live_count, live_capacity;
+
+static void keep(unsigned long long key, unsigned long long bytes) {
+    if (live_count == live_capacity) {
+        size_t capacity = live_capacity ? live_capacity * 2 : 64;
+        struct live *grown = realloc(live, capacity * sizeof *grown);
+        if (grown == NULL) return;
+        live = grown;
+        live_capacity = capacity;
+    }
+    live[live_count].key = key;
+    live[live_count].bytes = bytes;
+    live_count++;
+}
+
+static int drop(unsigned long long key) {
+    for (size_t i = live_count; i-- > 0;)
+        if (live[i].key == key) {
+            used -= live[i].bytes;
+            live[i] = live[--live_count];
+            return 1;
+        }
+    return 0;
+}
 static unsigned long long next_address = 0x7f0000000000ULL;
 
 static void record(const char *format, ...) {
@@ -62,16 +94,18 @@ static CUresult allocate(const char *call, CUdeviceptr *dptr, unsigned long long
     }
     used += bytes;
     *dptr = next_address;
+    keep(*dptr, bytes);
     next_address += (bytes + 0xfffff) & ~0xfffffULL;
     if (bytes == 0) next_address += 0x100000;
     record("%s bytes=%llu ptr=%llu result=0", call, bytes, *dptr);
     return OK;
 }
 
-/* Frees do not know sizes in this fake; tests check the hook's counting, not the driver's. */
+/* An address it never handed out is CUDA_ERROR_INVALID_VALUE, as a real driver says. */
 static CUresult release(const char *call, unsigned long long key) {
-    record("%s ptr=%llu result=%d", call, key, initialized ? OK : NOT_INITIALIZED);
-    return initialized ? OK : NOT_INITIALIZED;
+    CUresult result = !initialized ? NOT_INITIALIZED : drop(key) ? OK : INVALID_VALUE;
+    record("%s ptr=%llu result=%d", call, key, result);
+    return result;
 }
 
 CUresult cuInit(unsigned int flags) {
