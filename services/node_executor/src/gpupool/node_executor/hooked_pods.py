@@ -21,6 +21,12 @@ pod follows it through the log:
 * the pod is deleted (PodRemoved): its registered processes are ended the same way;
 * the memory guard finds the pod over its limit (memory the hook cannot see): its registered
   processes are ended and the pod released as out-of-memory.
+
+With a records directory, the registered processes of each running pod are recorded on disk
+(pid and start time); an executor that crashed or restarted finds them again there and in the
+kernel (the pid still names the same process), keeps following them, and releases the pod only
+when they are gone. A pod running in the log with none of its processes left is released as
+completed; recorded processes of a pod that no longer runs in the log are ended (fail closed).
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ import select
 import signal
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
+
+import msgspec
 
 from gpupool.core import PodState
 from gpupool.events import GpuInfo, PodRef, ReleaseReason
@@ -52,13 +61,26 @@ COUNTER = struct.Struct("=Q")
 """The pod's memory counter: one native unsigned 64-bit integer, as the hook's C struct."""
 
 
+class RecordedProcess(msgspec.Struct, frozen=True, kw_only=True):
+    pid: int
+    start_ticks: int
+    """Field 22 of /proc/<pid>/stat: tells the process from a later one that reused its pid."""
+
+
+class HookedPodRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What survives an executor restart: the pod's registered processes."""
+
+    pod: PodRef
+    processes: tuple[RecordedProcess, ...]
+
+
 class RegisteredProcess:
     """A process of a pod that was granted the pod's GPU, followed through a pidfd."""
 
-    def __init__(self, pid: int, pidfd: int) -> None:
+    def __init__(self, pid: int, pidfd: int, start_ticks: int | None = None) -> None:
         self.pid = pid
         self.pidfd = pidfd
-        self.start_ticks = process_start_ticks(pid)
+        self.start_ticks = start_ticks if start_ticks is not None else process_start_ticks(pid)
         self._exit: asyncio.Task[None] | None = None
 
     def exited(self) -> asyncio.Task[None]:
@@ -160,11 +182,89 @@ class HookedPods:
     """Every pod of this node whose processes came through the CUDA hook."""
 
     def __init__(
-        self, executor: ExecutorView, *, kill_confirm_seconds: float = DEFAULT_KILL_CONFIRM_SECONDS
+        self,
+        executor: ExecutorView,
+        *,
+        records_dir: Path | None = None,
+        kill_confirm_seconds: float = DEFAULT_KILL_CONFIRM_SECONDS,
     ) -> None:
         self._executor = executor
+        self._records_dir = records_dir
         self._kill_confirm_seconds = kill_confirm_seconds
         self._pods: dict[PodRef, HookedPod] = {}
+        if records_dir is not None:
+            records_dir.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ records
+
+    def _record_path(self, pod: PodRef) -> Path | None:
+        if self._records_dir is None:
+            return None
+        return self._records_dir / f"{pod.namespace}.{pod.name}.json"
+
+    def _save(self, hooked: HookedPod) -> None:
+        path = self._record_path(hooked.pod)
+        if path is None:
+            return
+        live = tuple(
+            RecordedProcess(pid=p.pid, start_ticks=p.start_ticks)
+            for p in hooked.processes
+            if p.start_ticks is not None
+        )
+        if not live:
+            path.unlink(missing_ok=True)
+            return
+        temporary = path.with_suffix(".tmp")
+        temporary.write_bytes(msgspec.json.encode(HookedPodRecord(pod=hooked.pod, processes=live)))
+        os.replace(temporary, path)
+
+    async def recover(self) -> set[PodRef]:
+        """Take over the registered processes an earlier executor recorded; the pods it did."""
+        if self._records_dir is None:
+            return set()
+        recovered: set[PodRef] = set()
+        for path in sorted(self._records_dir.glob("*.json")):
+            try:
+                record = msgspec.json.decode(path.read_bytes(), type=HookedPodRecord)
+            except (OSError, msgspec.DecodeError) as error:
+                log.warning("node-executor: unreadable hooked-pod record %s: %s", path, error)
+                path.unlink(missing_ok=True)
+                continue
+            processes = []
+            for recorded in record.processes:
+                if process_start_ticks(recorded.pid) != recorded.start_ticks:
+                    continue  # gone, or its pid reused by another process
+                try:
+                    pidfd = os.pidfd_open(recorded.pid)
+                except OSError:
+                    continue
+                if process_start_ticks(recorded.pid) != recorded.start_ticks:  # raced a reuse
+                    os.close(pidfd)
+                    continue
+                processes.append(RegisteredProcess(recorded.pid, pidfd, recorded.start_ticks))
+            hooked = HookedPod(pod=record.pod, processes=processes)
+            state = self._executor.pod(record.pod)
+            if state is None or state.phase != "running":
+                if processes:
+                    log.warning(
+                        "node-executor: %s does not run in the log; ending its GPU processes %s",
+                        record.pod,
+                        [p.pid for p in processes],
+                    )
+                    await self._terminate(hooked)
+                for process in hooked.processes:
+                    await process.close()
+                path.unlink(missing_ok=True)
+                continue
+            log.info(
+                "node-executor: following %s's GPU processes %s again",
+                record.pod,
+                [p.pid for p in processes],
+            )
+            self._pods[record.pod] = hooked
+            hooked.task = asyncio.create_task(self._follow(hooked), name=f"hooked-{record.pod}")
+            recovered.add(record.pod)
+        return recovered
 
     def __contains__(self, pod: PodRef) -> bool:
         return pod in self._pods
@@ -312,6 +412,7 @@ class HookedPods:
                 self._drop_waiter(hooked, waiter)
         for process in list(hooked.processes):
             if process.gone or _has_exited(process.pidfd):
+                log.info("node-executor: GPU process %d of %s ended", process.pid, hooked.pod)
                 hooked.processes.remove(process)
                 await process.close()
 
@@ -409,8 +510,11 @@ class HookedPods:
             )
             for waiter in list(hooked.waiters):
                 hooked.waiters.remove(waiter)
+                # recorded before it is told: a crash right after the grant must find it
+                process = RegisteredProcess(waiter.pid, waiter.pidfd)
+                hooked.processes.append(process)
+                self._save(hooked)
                 if await waiter.channel.send_granted(granted, hooked.counter.fd):
-                    hooked.processes.append(RegisteredProcess(waiter.pid, waiter.pidfd))
                     log.info(
                         "node-executor: pid %d of %s runs on GPU %d (%s)",
                         waiter.pid,
@@ -419,10 +523,12 @@ class HookedPods:
                         uuid,
                     )
                 else:
-                    with contextlib.suppress(OSError):
-                        os.close(waiter.pidfd)
+                    hooked.processes.remove(process)
+                    self._save(hooked)
+                    await process.close()
                 waiter.done.set()
         await self._drop_departed(hooked)
+        self._save(hooked)
         if not hooked.processes:
             log.info("node-executor: the last GPU process of %s is gone; releasing", hooked.pod)
             await executor.release(hooked.pod, "completed", None)
@@ -456,6 +562,7 @@ class HookedPods:
             if process not in survivors:
                 await process.close()
         hooked.processes = list(survivors)
+        self._save(hooked)
         self._end_counter(hooked)
         return [p.pid for p in survivors]
 

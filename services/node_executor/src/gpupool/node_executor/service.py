@@ -143,7 +143,11 @@ class NodeExecutor:
         """Set once workloads can connect to the socket."""
         self._outcomes: dict[PodRef, ExecutorMessage] = {}
         """Last words of sessions that ended while their client was away, for when it reattaches."""
-        self.hooked = HookedPods(_HookedExecutorView(self))
+        records = self.supervisor.records_dir
+        self.hooked = HookedPods(
+            _HookedExecutorView(self),
+            records_dir=records.parent / "hooked-pods" if records is not None else None,
+        )
         """Pods whose own processes asked for the GPU through the CUDA hook."""
 
     # ------------------------------------------------------------------ service
@@ -201,6 +205,7 @@ class NodeExecutor:
     async def _recover(self) -> None:
         """Take over what an earlier executor left: adopt its workloads, keep waiters' places."""
         state = self.loop.projection.state
+        hooked = await self.hooked.recover()
         for workload in self.supervisor.adopt():
             pod = state.pods.get(workload.pod)
             if pod is None or pod.phase != "running":
@@ -218,7 +223,7 @@ class NodeExecutor:
             )
             self._spawn(PodSession(pod=workload.pod, workload=workload))
         for pod in state.pods_on(self.node):
-            if pod.policy != "share-pool" or pod.ref in self._sessions:
+            if pod.policy != "share-pool" or pod.ref in self._sessions or pod.ref in hooked:
                 continue
             if pod.phase == "ready":
                 log.info(
