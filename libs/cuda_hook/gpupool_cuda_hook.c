@@ -321,6 +321,13 @@ static int write_all(int fd, const char *data, size_t length) {
     return 0;
 }
 
+/* An MPS control daemon serves this process: its pipe directory is set or at the default. */
+static int mps_daemon_present(void) {
+    const char *pipes = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    if (pipes != NULL && *pipes != '\0') return access(pipes, F_OK) == 0;
+    return access("/tmp/nvidia-mps", F_OK) == 0;
+}
+
 static void ask_for_gpu(void) {
     const char *path = getenv("GPUPOOL_SOCKET");
     if (path == NULL || *path == '\0') path = DEFAULT_SOCKET;
@@ -384,7 +391,8 @@ static void ask_for_gpu(void) {
             long long core = number_field(line, "core_percentage", 0);
             setenv("CUDA_VISIBLE_DEVICES", uuid, 1);
             setenv("GPUPOOL_GPU_UUID", uuid, 1);
-            if (string_field(line, "mps_pinned_device_mem_limit", mps_memory, sizeof mps_memory) == 0
+            if (mps_daemon_present()
+                && string_field(line, "mps_pinned_device_mem_limit", mps_memory, sizeof mps_memory) == 0
                 && mps_memory[0] != '\0') {
                 char text[32];
                 snprintf(text, sizeof text, "%lld", core);

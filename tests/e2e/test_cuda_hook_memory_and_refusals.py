@@ -60,6 +60,7 @@ async def test_allocations_past_the_pods_limit_fail_with_out_of_memory_and_the_p
             driver_log=driver_log,
             program="python",
             route="dlsym",
+            env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)},  # as if an MPS daemon served it
         )
         assert await second.exit_code() == 0, second.stderr
         await first.go_on()
@@ -82,6 +83,14 @@ async def test_allocations_past_the_pods_limit_fail_with_out_of_memory_and_the_p
         f"cuMemAlloc {LIMIT - half} 0",
         f"cuMemGetInfo 0 free=0 total={LIMIT}",
     ]
+    # the MPS client limits are set only where an MPS daemon serves the process
+    (first_init,) = [c for c in driver_calls(driver_log, first.pid) if c.startswith("cuInit")]
+    (second_init,) = [c for c in driver_calls(driver_log, second.pid) if c.startswith("cuInit")]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<unset>" in first_init
+    assert (
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={LIMIT // MIB}M"
+        in second_init
+    )
     # the refused allocations never reached the driver; the others did
     assert allocations(driver_calls(driver_log, first.pid)) == [half, MIB]
     assert allocations(driver_calls(driver_log, second.pid)) == [LIMIT - half]

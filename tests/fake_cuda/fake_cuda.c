@@ -1,7 +1,7 @@
 /*
  * A fake CUDA driver for the tests: built as libcuda.so.1, it answers the driver calls the
  * gpupool hook intercepts and records every call (one line each, appended to $FAKE_CUDA_LOG)
- * with the pid and, for cuInit, the CUDA_VISIBLE_DEVICES the process had at that moment.
+ * with the pid and, for cuInit, the CUDA_VISIBLE_DEVICES (and MPS limits) the process had then.
  *
  * Memory is bookkeeping only: addresses are made up, the device has $FAKE_CUDA_TOTAL_BYTES
  * (default 80 GiB), an allocation past it fails with CUDA_ERROR_OUT_OF_MEMORY and freeing an
@@ -110,7 +110,12 @@ static CUresult release(const char *call, unsigned long long key) {
 
 CUresult cuInit(unsigned int flags) {
     const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-    record("cuInit flags=%u CUDA_VISIBLE_DEVICES=%s", flags, visible ? visible : "<unset>");
+    const char *threads = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    const char *memory = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+    record("cuInit flags=%u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%s CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=%s "
+           "CUDA_VISIBLE_DEVICES=%s",
+           flags, threads ? threads : "<unset>", memory ? memory : "<unset>",
+           visible ? visible : "<unset>");
     initialized = 1;
     return OK;
 }
