@@ -121,6 +121,7 @@ async def start_hooked(
     namespace: str = "default",
     name: str | None = None,
     env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> HookedProcess:
     build()
     argv = (
@@ -134,6 +135,7 @@ async def start_hooked(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=(env or {}) | hook_environment(socket, namespace if pod else None, pod, driver_log),
+        preexec_fn=preexec_fn,
     )
     hooked = HookedProcess(name=name or pod or "?", process=process)
     assert process.stdout is not None and process.stderr is not None

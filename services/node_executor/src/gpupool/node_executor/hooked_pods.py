@@ -57,6 +57,8 @@ from gpupool.workload import Preempted as PreemptedNotice
 log = logging.getLogger(__name__)
 
 DEFAULT_KILL_CONFIRM_SECONDS = 5.0
+_NO_POD = PodRef(namespace="", name="")
+"""Stands for "the pod the caller's cgroup names" when it names none we know."""
 COUNTER = struct.Struct("=Q")
 """The pod's memory counter: one native unsigned 64-bit integer, as the hook's C struct."""
 
@@ -159,8 +161,9 @@ class ExecutorView(Protocol):
 
     def pods_by_uid(self) -> dict[str, PodRef]: ...
 
-    async def record_refusal(self, pod: PodRef, reason: str, message: str) -> None:
-        """A refusal that is no core decision is still an event (PodRejected)."""
+    async def record_refusal(self, pod: PodRef | None, reason: str, message: str) -> None:
+        """A refusal that is no core decision is still an event: PodRejected for a pod,
+        MessageRejected when the caller could not be tied to any pod."""
         ...
 
     async def request_gpu(self, pod: PodRef) -> Rejected | None:
@@ -320,8 +323,12 @@ class HookedPods:
                     )
                 )
                 return
-            claimed = pods_by_uid.get(peer.pod_uid or "", PodRef(namespace="?", name="?"))
-        identity = pod_of_peer(executor.identity, claimed, peer, pods_by_uid)
+            claimed = pods_by_uid.get(peer.pod_uid or "")
+        identity = (
+            pod_of_peer(executor.identity, claimed, peer, pods_by_uid)
+            if claimed is not None
+            else pod_of_peer(executor.identity, _NO_POD, peer, {})  # the kernel's refusal
+        )
         if isinstance(identity, IdentityRefused):
             await executor.record_refusal(claimed, identity.reason, identity.message)
             await channel.send(Rejected(reason=identity.reason, message=identity.message))

@@ -683,9 +683,18 @@ class _HookedExecutorView:
             if pod.uid
         }
 
-    async def record_refusal(self, pod: PodRef, reason: str, message: str) -> None:
+    async def record_refusal(self, pod: PodRef | None, reason: str, message: str) -> None:
         executor = self._executor
         log.warning("node-executor: refused a CUDA hook: %s", message)
+        if pod is None:
+            await executor._record(
+                MessageRejected(
+                    subject=f"socket:{executor.socket_path}",
+                    reason=f"{reason}: {message}",
+                    payload="",
+                )
+            )
+            return
         await executor._record(
             PodRejected(pod=pod, node=executor.node, reason=reason, message=message)
         )
