@@ -28,7 +28,14 @@ build() {  # build OUTPUT SOURCE ARGS...
     echo "build-cuda-hook: built $out" >&2
   fi
 }
+# libdl and libpthread named explicitly: in an image with glibc < 2.34 dlopen, dlvsym and
+# pthread_once live there (the source binds them to their oldest symbol versions)
+libs=(-ldl -lpthread)
+for lib in libdl.so.2 libpthread.so.0; do
+  if ! "$cc" -print-file-name="$lib" | grep -q /; then libs=(-ldl -lpthread); break; fi
+  libs=(-Wl,--no-as-needed -l:libdl.so.2 -l:libpthread.so.0)
+done
 build libs/cuda_hook/build/libgpupool-cuda-hook.so libs/cuda_hook/gpupool_cuda_hook.c \
-  -shared -Wl,-soname,libgpupool-cuda-hook.so -ldl -lpthread
+  -shared -Wl,-soname,libgpupool-cuda-hook.so "${libs[@]}"
 build tests/fake_cuda/build/libcuda.so.1 tests/fake_cuda/fake_cuda.c -shared -Wl,-soname,libcuda.so.1
 build tests/fake_cuda/build/cuda_program tests/fake_cuda/cuda_program.c -ldl

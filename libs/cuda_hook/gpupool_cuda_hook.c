@@ -29,6 +29,20 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* Workload images carry their own glibc, often older than the one the hook is built with:
+ * bind the few symbols that newer glibc versions anew to their oldest versions, so the hook
+ * loads into any image with glibc >= 2.17 (a preload that fails to load is silently skipped
+ * by the loader, which would let the process run without the hook). */
+#if defined(__x86_64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");
+__asm__(".symver pthread_once,pthread_once@GLIBC_2.2.5");
+#elif defined(__aarch64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.17");
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.17");
+__asm__(".symver pthread_once,pthread_once@GLIBC_2.17");
+#endif
+
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
