@@ -164,12 +164,15 @@ async def test_a_share_pool_pod_gets_the_cuda_hook_and_stays_a_valid_pod(webhook
         "GPUPOOL_POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
     }
     assert {m["mountPath"]: m["readOnly"] for m in container["volumeMounts"]} == {
-        "/opt/gpupool/cuda-hook": True,
+        HOOK: True,
         "/run/gpupool": True,
     }
-    assert {v["name"]: v["hostPath"]["path"] for v in result["spec"]["volumes"]} == {
-        "gpupool-cuda-hook": "/var/lib/gpupool/cuda-hook",
-        "gpupool-run": "/run/gpupool",
+    assert {v["name"]: v["hostPath"] for v in result["spec"]["volumes"]} == {
+        "gpupool-cuda-hook": {
+            "path": "/var/lib/gpupool/cuda-hook/libgpupool-cuda-hook.so",
+            "type": "File",  # no hook on the node: the pod does not start (fail closed)
+        },
+        "gpupool-run": {"path": "/run/gpupool", "type": "Directory"},
     }
     assert result["spec"]["securityContext"]["supplementalGroups"] == [10001]
     assert result["metadata"]["annotations"] == {"gpupool.io/cuda-hook": "v1"}

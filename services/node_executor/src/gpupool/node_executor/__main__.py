@@ -87,10 +87,15 @@ def main() -> None:
     if args.install_cuda_hook is not None:
         try:
             installed = install_cuda_hook(*args.install_cuda_hook)
-        except OSError as error:
-            print(f"gpupool node-executor: cannot install the CUDA hook: {error}", file=sys.stderr)
-            raise SystemExit(3) from error
-        print(f"gpupool node-executor: CUDA hook installed at {installed}", file=sys.stderr)
+        except OSError as error:  # the executor still serves `gpupool run`; hooked pods fail closed
+            print(
+                f"gpupool node-executor: ERROR: cannot install the CUDA hook: {error}; pods "
+                "given the hook by the webhook will not start on this node (their hostPath "
+                "file is missing)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"gpupool node-executor: CUDA hook installed at {installed}", file=sys.stderr)
     if not args.node_name:
         parser.error("--node-name (or GPUPOOL_NODE_NAME) is required")
     if args.simulate_gpus is not None and args.simulate_gpus < 1:

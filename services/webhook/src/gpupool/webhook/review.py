@@ -6,7 +6,8 @@ label. Such a pod is validated by the core exactly as the policy service will va
 spec fails at ``kubectl apply``. A valid ``share-pool`` pod is mutated with a JSONPatch
 (RFC 6902) that gives every container the CUDA hook:
 
-* the hook library's host directory (put there by the node-executor DaemonSet), read-only;
+* the hook library's host file (put there by the node-executor DaemonSet), read-only, with
+  ``type: File`` so that the pod does not start on a node that lacks it;
 * the node-executor's socket directory, read-only (enough to connect);
 * ``LD_PRELOAD`` (the hook, in front of any preload the container already had),
   ``GPUPOOL_SOCKET`` and the pod's namespace and name from the downward API;
@@ -49,6 +50,10 @@ class HookSettings(msgspec.Struct, frozen=True, kw_only=True):
     socket_mount_dir: str = "/run/gpupool"
     socket_file: str = "gpupool.sock"
     socket_group: int = 10001
+
+    @property
+    def hook_host_path(self) -> str:
+        return f"{self.hook_host_dir}/{self.hook_file}"
 
     @property
     def hook_path(self) -> str:
@@ -137,7 +142,9 @@ def hook_patch(pod: dict[str, Any], settings: HookSettings) -> list[dict[str, An
     new_volumes = [
         {
             "name": HOOK_VOLUME,
-            "hostPath": {"path": settings.hook_host_dir, "type": "Directory"},
+            # the file itself, type File: on a node without the hook the pod does not start
+            # (a missing preload would be skipped by the loader and the process run unhooked)
+            "hostPath": {"path": settings.hook_host_path, "type": "File"},
         },
         {
             "name": SOCKET_VOLUME,
@@ -153,7 +160,7 @@ def hook_patch(pod: dict[str, Any], settings: HookSettings) -> list[dict[str, An
                 f"{base}/volumeMounts",
                 container.get("volumeMounts"),
                 [
-                    {"name": HOOK_VOLUME, "mountPath": settings.hook_mount_dir, "readOnly": True},
+                    {"name": HOOK_VOLUME, "mountPath": settings.hook_path, "readOnly": True},
                     {
                         "name": SOCKET_VOLUME,
                         "mountPath": settings.socket_mount_dir,
