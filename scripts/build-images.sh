@@ -35,6 +35,11 @@ uv build --quiet --all-packages --wheel -o "$context/wheels" 2>/dev/null
     basename "$wheel" | cut -d- -f1 | tr _ -
   done
 } >"$context/requirements.txt"
+# the CUDA hook, built here with the system C compiler (the base has none; it targets
+# glibc >= 2.17, so the host's build loads in the image and in the pods it is given to)
+bash scripts/build-cuda-hook.sh
+mkdir -p "$context/cuda-hook"
+cp libs/cuda_hook/build/libgpupool-cuda-hook.so "$context/cuda-hook/libgpupool-cuda-hook.so"
 echo "build-images: gpupool/gpupool:$version" >&2
 docker build --quiet --network none --build-arg "VERSION=$version" \
   -f deploy/docker/Dockerfile -t "gpupool/gpupool:$version" "$context" >/dev/null

@@ -180,6 +180,11 @@ async def test_worked_example_through_the_compose_stack(compose_stack: ComposeSt
     assert assignments == EXPECTED_ASSIGNMENTS
     assert "gpupool: running on GPU 1 (GPU-SIMULATED-" in "\n".join(run.pods["pod-d"].lines)
 
+    # The image carries the CUDA hook the node-executor installs on a node, as an ELF library.
+    hook = stack.run("exec", "-T", EXECUTOR, "head", "-c", "4",
+                     "/opt/gpupool/cuda-hook/libgpupool-cuda-hook.so")  # fmt: skip
+    assert hook.returncode == 0 and hook.stdout == "\x7fELF", hook.stderr
+
     # The executor says its GPUs are simulated: in its log and in its metrics.
     executor_log = stack.run("logs", "--no-color", EXECUTOR).stdout
     assert "SIMULATED GPUs" in executor_log

@@ -58,6 +58,8 @@ SCHEMAS = DEPLOY / "schemas"
 CUSTOM_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "servicemonitor-monitoring-v1.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): SCHEMAS / "prometheusrule-monitoring-v1.json",
+    ("cert-manager.io/v1", "Issuer"): SCHEMAS / "issuer-cert-manager-v1.json",
+    ("cert-manager.io/v1", "Certificate"): SCHEMAS / "certificate-cert-manager-v1.json",
 }
 SCHEDULER_CONFIG_SCHEMA = SCHEMAS / "kubeschedulerconfiguration-kubescheduler-v1.json"
 
@@ -342,7 +344,11 @@ def test_policy_watches_kubernetes_and_node_executor_knows_its_node() -> None:
     executor = workload_of(docs, "node-executor")
     assert executor["kind"] == "DaemonSet"
     (container,) = containers(executor)
-    assert container["args"] == ["--socket", "/run/gpupool/gpupool.sock", "--identity", "kernel"]
+    assert container["args"] == [
+        *("--socket", "/run/gpupool/gpupool.sock", "--identity", "kernel"),
+        *("--install-cuda-hook", "/opt/gpupool/cuda-hook/libgpupool-cuda-hook.so"),
+        "/var/lib/gpupool/cuda-hook",
+    ]
     env = env_of(container)
     assert env["GPUPOOL_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
@@ -353,6 +359,9 @@ def test_policy_watches_kubernetes_and_node_executor_knows_its_node() -> None:
         "path": "/run/gpupool",
         "type": "DirectoryOrCreate",
     }
+    # the CUDA hook goes where the webhook's hostPath volume takes it from
+    assert mounts["cuda-hook"] == "/var/lib/gpupool/cuda-hook"
+    assert volumes["cuda-hook"]["hostPath"]["path"] == "/var/lib/gpupool/cuda-hook"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -450,8 +459,13 @@ def test_node_executor_has_exactly_the_privileges_it_needs(target: str) -> None:
     assert context["allowPrivilegeEscalation"] is False
     assert (context["runAsUser"], context["runAsGroup"]) == (0, 10001)  # the socket's group
     host_paths = [volume["hostPath"]["path"] for volume in spec["volumes"] if "hostPath" in volume]
-    # the workloads' socket, and the executor's own workload records (crash recovery)
-    assert sorted(host_paths) == ["/run/gpupool", "/var/lib/gpupool/node-executor"]
+    # the workloads' socket, the executor's own workload records (crash recovery), and the
+    # directory it puts the CUDA hook library in for the pods
+    assert sorted(host_paths) == [
+        "/run/gpupool",
+        "/var/lib/gpupool/cuda-hook",
+        "/var/lib/gpupool/node-executor",
+    ]
 
 
 def granted(docs: list[Doc], account: str) -> set[tuple[str, str, str]]:

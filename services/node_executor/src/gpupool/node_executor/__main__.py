@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpupool.node_executor.hook_install import install_cuda_hook
 from gpupool.node_executor.inventory import (
     ExecutorReadings,
     NoGpuInventory,
@@ -75,7 +76,26 @@ def main() -> None:
         type=float,
         help="seconds between waiting messages (default: the node's QoS, 10 s)",
     )
+    parser.add_argument(
+        "--install-cuda-hook",
+        nargs=2,
+        type=Path,
+        metavar=("LIBRARY", "DIRECTORY"),
+        help="copy the CUDA hook LIBRARY into the host DIRECTORY (atomically) before serving",
+    )
     args = parser.parse_args()
+    if args.install_cuda_hook is not None:
+        try:
+            installed = install_cuda_hook(*args.install_cuda_hook)
+        except OSError as error:  # the executor still serves `gpupool run`; hooked pods fail closed
+            print(
+                f"gpupool node-executor: ERROR: cannot install the CUDA hook: {error}; pods "
+                "given the hook by the webhook will not start on this node (their hostPath "
+                "file is missing)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"gpupool node-executor: CUDA hook installed at {installed}", file=sys.stderr)
     if not args.node_name:
         parser.error("--node-name (or GPUPOOL_NODE_NAME) is required")
     if args.simulate_gpus is not None and args.simulate_gpus < 1:

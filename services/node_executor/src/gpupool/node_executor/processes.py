@@ -242,6 +242,11 @@ async def _exited(pidfd: int) -> None:
         loop.remove_reader(pidfd)
 
 
+async def pidfd_exited(pidfd: int) -> None:
+    """Returns once the process of ``pidfd`` has exited (the pidfd becomes readable)."""
+    await _exited(pidfd)
+
+
 def _signal_group(leader: int, signum: signal.Signals) -> None:
     """killpg (atomic for the group, so a fork in flight is caught) plus session members elsewhere."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

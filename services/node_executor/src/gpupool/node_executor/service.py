@@ -18,6 +18,11 @@ on this node follows the pod through its life here:
 * with NVML, a pod whose processes hold more GPU memory than its limit is ended
   and released as out-of-memory.
 
+Pods whose own processes come through the CUDA hook (an AttachRequest on the same
+socket, Kubernetes mode) are followed by :mod:`gpupool.node_executor.hooked_pods`:
+there the executor starts nothing, it grants the pod's GPU to the processes that ask
+and ends only those when the pod is preempted.
+
 A crash of the executor loses nothing: sessions live in the log and the
 workload records; a restarted executor adopts running commands (their shims
 keep them alive and record their exit status), keeps waiting pods in place for
@@ -36,9 +41,10 @@ from pathlib import Path
 
 from gpupool.core import PodState, ReportInventory, ReportRelease, RequestGpu, queue_positions
 from gpupool.eventlog.port import REJECTED_PAYLOAD_LIMIT, StoredEvent
-from gpupool.events import Envelope, MessageRejected, PodRef, PodRejected, ReleaseReason
+from gpupool.events import Envelope, GpuInfo, MessageRejected, PodRef, PodRejected, ReleaseReason
 from gpupool.gpus import GpuSampler, Inventory
 from gpupool.node_executor.environment import memory_limit_bytes, workload_environment
+from gpupool.node_executor.hooked_pods import HookedPods
 from gpupool.node_executor.memory_guard import GuardedWorkload, MemoryOverrun, guard_memory
 from gpupool.node_executor.peer_identity import (
     IdentityMode,
@@ -55,6 +61,7 @@ from gpupool.node_executor.processes import (
 from gpupool.node_executor.workload_socket import Channel, WorkloadSocketServer
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.workload import (
+    AttachRequest,
     ExecutorMessage,
     Exited,
     Rejected,
@@ -137,6 +144,12 @@ class NodeExecutor:
         """Set once workloads can connect to the socket."""
         self._outcomes: dict[PodRef, ExecutorMessage] = {}
         """Last words of sessions that ended while their client was away, for when it reattaches."""
+        records = self.supervisor.records_dir
+        self.hooked = HookedPods(
+            _HookedExecutorView(self),
+            records_dir=records.parent / "hooked-pods" if records is not None else None,
+        )
+        """Pods whose own processes asked for the GPU through the CUDA hook."""
 
     # ------------------------------------------------------------------ service
 
@@ -156,6 +169,7 @@ class NodeExecutor:
             node=self.node,
         )
         stack.push_async_callback(self._stop_sessions)
+        stack.push_async_callback(self.hooked.close)
         await self._recover()
         server = WorkloadSocketServer(self.socket_path, self, on_rejected=self._record_bad_request)
         await server.start()
@@ -189,10 +203,12 @@ class NodeExecutor:
         # any event on the node may change a waiter's position: wake every session
         for session in self._sessions.values():
             session.change.set()
+        self.hooked.wake()
 
     async def _recover(self) -> None:
         """Take over what an earlier executor left: adopt its workloads, keep waiters' places."""
         state = self.loop.projection.state
+        hooked = await self.hooked.recover()
         for workload in self.supervisor.adopt():
             pod = state.pods.get(workload.pod)
             if pod is None or pod.phase != "running":
@@ -210,7 +226,7 @@ class NodeExecutor:
             )
             self._spawn(PodSession(pod=workload.pod, workload=workload))
         for pod in state.pods_on(self.node):
-            if pod.policy != "share-pool" or pod.ref in self._sessions:
+            if pod.policy != "share-pool" or pod.ref in self._sessions or pod.ref in hooked:
                 continue
             if pod.phase == "ready":
                 log.info(
@@ -292,6 +308,14 @@ class NodeExecutor:
             await channel.send(Rejected(reason=identity.reason, message=identity.message))
             return
         pod = identity
+        if pod in self.hooked:
+            await channel.send(
+                Rejected(
+                    reason="AlreadyAttached",
+                    message=f"pod {pod}'s own processes use its GPU through the CUDA hook",
+                )
+            )
+            return
         session = self._sessions.get(pod)
         if session is not None:
             if session.channel is not None and not session.channel.client_gone:
@@ -331,6 +355,10 @@ class NodeExecutor:
             session.attached.set()
             self._spawn(session)
         await self._serve_until_done(session, channel)
+
+    async def attach(self, request: AttachRequest, channel: Channel) -> None:
+        """A process's CUDA hook asks for its pod's GPU (see hooked_pods)."""
+        await self.hooked.attach(request, channel)
 
     async def _serve_until_done(self, session: PodSession, channel: Channel) -> None:
         """Keep the connection (and its fds) while the session runs; report the client leaving."""
@@ -590,11 +618,13 @@ class NodeExecutor:
 
     def pod_processes(self) -> dict[PodRef, list[int]]:
         """The live processes of each running workload (for the per-pod GPU metrics)."""
-        return {
+        processes = {
             pod: group_members(session.workload.pid)
             for pod, session in self._sessions.items()
             if session.workload is not None and session.workload.pid > 0
         }
+        processes.update(self.hooked.processes())
+        return processes
 
     # ------------------------------------------------------------------ memory guard
 
@@ -613,11 +643,92 @@ class NodeExecutor:
                     pids=frozenset(group_members(session.workload.pid)),
                 )
             )
+        for pod, pids in self.hooked.processes().items():
+            state = self._pod(pod)
+            if state is None or state.gpu_index is None or not pids:
+                continue
+            gpu = self.inventory.by_index(state.gpu_index)
+            guarded.append(
+                GuardedWorkload(
+                    pod=pod,
+                    gpu_uuid=gpu.uuid,
+                    memory_limit_bytes=memory_limit_bytes(gpu, state.limits),
+                    pids=frozenset(pids),
+                )
+            )
         return guarded
 
     async def _on_memory_overrun(self, overrun: MemoryOverrun) -> None:
+        if await self.hooked.out_of_memory(overrun.pod):
+            return
         session = self._sessions.get(overrun.pod)
         if session is None or session.workload is None:
             return
         self._oom[overrun.pod] = overrun
         await self.supervisor.terminate(session.workload, 0)
+
+
+class _HookedExecutorView:
+    """The node-executor as the hooked pods see it."""
+
+    def __init__(self, executor: NodeExecutor) -> None:
+        self._executor = executor
+
+    @property
+    def identity(self) -> IdentityMode:
+        return self._executor.identity
+
+    def pod(self, ref: PodRef) -> PodState | None:
+        return self._executor._pod(ref)
+
+    def runs_command(self, ref: PodRef) -> bool:
+        return ref in self._executor.sessions
+
+    def pods_by_uid(self) -> dict[str, PodRef]:
+        executor = self._executor
+        return {
+            pod.uid: pod.ref
+            for pod in executor.loop.projection.state.pods_on(executor.node)
+            if pod.uid
+        }
+
+    async def record_refusal(self, pod: PodRef | None, reason: str, message: str) -> None:
+        executor = self._executor
+        log.warning("node-executor: refused a CUDA hook: %s", message)
+        if pod is None:
+            await executor._record(
+                MessageRejected(
+                    subject=f"socket:{executor.socket_path}",
+                    reason=f"{reason}: {message}",
+                    payload="",
+                )
+            )
+            return
+        await executor._record(
+            PodRejected(pod=pod, node=executor.node, reason=reason, message=message)
+        )
+
+    async def request_gpu(self, pod: PodRef) -> Rejected | None:
+        executor = self._executor
+        events = await executor.loop.execute(
+            RequestGpu(pod=pod, node=executor.node), node=executor.node
+        )
+        rejected = next((e for e in events if isinstance(e, PodRejected)), None)
+        if rejected is None:
+            return None
+        return Rejected(reason=rejected.reason, message=rejected.message)
+
+    async def release(self, pod: PodRef, reason: ReleaseReason, exit_code: int | None) -> None:
+        await self._executor._release(pod, reason, exit_code)
+
+    def waiting(self, state: PodState) -> Waiting:
+        return self._executor._waiting(state)
+
+    def message_period(self) -> float:
+        return self._executor._message_period()
+
+    def grace_seconds(self) -> float:
+        return self._executor._grace_seconds()
+
+    def gpu(self, index: int) -> GpuInfo:
+        return self._executor.inventory.by_index(index)

@@ -1,9 +1,10 @@
-"""The node-executor's local endpoint: a Unix socket that ``gpupool run`` connects to.
+"""The node-executor's local endpoint: a Unix socket that ``gpupool run`` and the CUDA hook connect to.
 
-Per connection: read the peer's credentials (SO_PEERCRED) and cgroup, read one RunRequest line
-with the client's stdin/stdout/stderr as SCM_RIGHTS, then hand the request, the fds and a
-:class:`Channel` to the :class:`WorkloadHandler`. A bad request is answered with ``Rejected``
-and the server keeps serving. The fds are valid while ``handle`` runs and closed after it.
+Per connection: read the peer's credentials (SO_PEERCRED) and cgroup, read one request line,
+then hand it and a :class:`Channel` to the :class:`WorkloadHandler`: a RunRequest comes with
+the client's stdin/stdout/stderr as SCM_RIGHTS (``handle``; the fds are valid while it runs and
+closed after it), an AttachRequest from the CUDA hook with none (``attach``). A bad request is
+answered with ``Rejected`` and the server keeps serving.
 
 The listener is accepted with ``loop.sock_accept`` rather than ``asyncio.start_unix_server``:
 a stream transport starts reading with plain ``recv`` at once, which would drop the fds. Once
@@ -27,16 +28,18 @@ from gpupool.node_executor.peer_identity import PeerIdentity, identify_peer
 from gpupool.workload import (
     MAX_REQUEST_BYTES,
     PASSED_FDS,
+    AttachRequest,
     ExecutorMessage,
     Exited,
+    Granted,
     ProtocolError,
     Rejected,
     RunRequest,
     StdioFds,
-    decode_request,
+    decode_workload_request,
     encode_line,
 )
-from gpupool.workload.fd_passing import LineTooLong, receive_line_with_fds
+from gpupool.workload.fd_passing import LineTooLong, receive_line_with_fds, send_with_fds
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +53,15 @@ class Channel:
     """The executor's side of one connection: send messages, learn when the client went away."""
 
     def __init__(
-        self, peer: PeerIdentity, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        peer: PeerIdentity,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        connection: socket.socket | None = None,
     ) -> None:
         self.peer = peer
         self._writer = writer
+        self._connection = connection
         self._gone = asyncio.Event()
         self._finished = False
         self._watch = asyncio.create_task(self._watch_for_hangup(reader))
@@ -92,6 +100,21 @@ class Channel:
             return False
         return True
 
+    async def send_granted(self, message: Granted, fd: int) -> bool:
+        """Send ``message`` with ``fd`` as SCM_RIGHTS; False when the client is gone.
+
+        The stream's buffer is drained first, so the line goes out in order on the raw socket.
+        """
+        if self._gone.is_set() or self._writer.is_closing() or self._connection is None:
+            return False
+        try:
+            await self._writer.drain()
+            await send_with_fds(self._connection, encode_line(message), (fd,))
+        except OSError:
+            self._gone.set()
+            return False
+        return True
+
     async def close(self) -> None:
         self._watch.cancel()
         self._writer.close()
@@ -111,6 +134,10 @@ class WorkloadHandler(Protocol):
     """
 
     async def handle(self, request: RunRequest, fds: StdioFds, channel: Channel) -> None: ...
+
+    async def attach(self, request: AttachRequest, channel: Channel) -> None:
+        """A process's CUDA hook asks for its pod's GPU; returns when the process is done."""
+        ...
 
 
 class WorkloadSocketServer:
@@ -212,9 +239,21 @@ class WorkloadSocketServer:
             if not line.endswith(b"\n"):
                 return  # the client left before finishing its request: no one to answer
             try:
-                request = decode_request(line)
+                request = decode_workload_request(line)
             except ProtocolError as error:
                 await self._reject(connection, peer, line, "bad-request", str(error))
+                return
+            if isinstance(request, AttachRequest):
+                if fds:
+                    await self._reject(
+                        connection,
+                        peer,
+                        line,
+                        "bad-fds",
+                        f"an AttachRequest carries no file descriptors, got {len(fds)}",
+                    )
+                    return
+                await self._run_attach(connection, peer, request)
                 return
             if len(fds) != PASSED_FDS:
                 await self._reject(
@@ -252,6 +291,20 @@ class WorkloadSocketServer:
             await self._handler.handle(request, fds, channel)
         except Exception as error:
             log.exception("workload handler failed for pod %s", request.pod)
+            if not channel.finished:
+                await channel.send(Rejected(reason="internal-error", message=str(error)))
+        finally:
+            await channel.close()
+
+    async def _run_attach(
+        self, connection: socket.socket, peer: PeerIdentity, request: AttachRequest
+    ) -> None:
+        reader, writer = await asyncio.open_unix_connection(sock=connection)
+        channel = Channel(peer, reader, writer, connection)
+        try:
+            await self._handler.attach(request, channel)
+        except Exception as error:
+            log.exception("workload handler failed for the hook of pid %d", peer.pid)
             if not channel.finished:
                 await channel.send(Rejected(reason="internal-error", message=str(error)))
         finally:
