@@ -6,10 +6,11 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list
 
-# install everything the tests need that PyPI does not ship (Prometheus, promtool)
+# install everything the tests need that PyPI does not ship (Prometheus, promtool, Chromium)
 [group('setup')]
 setup:
     bash scripts/install-prometheus.sh
+    bash scripts/install-chromium.sh
 
 # the worked example of SPEC.md, live through all four services
 [group('run')]

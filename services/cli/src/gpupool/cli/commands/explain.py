@@ -11,8 +11,7 @@ import argparse
 from datetime import datetime
 
 from gpupool.audit import Explanation, Reason, WaitEstimate, explain, log_origin, parse_pod
-from gpupool.audit.describe import share_text
-from gpupool.cli.commands.history import step_text
+from gpupool.audit.describe import share_text, step_text
 from gpupool.cli.exits import EXIT_OK, InvalidInput
 from gpupool.cli.log_source import add_log_source_arguments
 from gpupool.cli.main import Subparsers
