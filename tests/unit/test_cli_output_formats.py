@@ -241,3 +241,21 @@ def test_state_watch_follows_the_log_and_measures_waits_by_the_clock(
     finally:
         process.kill()
         process.wait()
+
+
+def test_explain_watch_explains_by_the_clock(we: Path) -> None:
+    """Without --at, a watch explains the pod as of the clock's now, not the log's last entry."""
+    process = subprocess.Popen(
+        [*GPUPOOL, "explain", "pod-b", "--watch", "--log", str(we), "-o", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    try:
+        before = datetime.now(UTC)
+        (first,) = read_until(process, lambda _document: True, within=60)
+        assert first["phase"] == "running"  # the whole log is folded: B runs on GPU 0
+        assert datetime.fromisoformat(first["at"]) >= before - timedelta(seconds=5)
+    finally:
+        process.kill()
+        process.wait()
