@@ -138,6 +138,12 @@ async def test_node_page_follows_the_worked_example_live(tmp_path: Path) -> None
             assert await page.locator('[data-gpu="0"] li[data-pod="default/pod-a"]').count() == 1
             assert await page.locator('[data-gpu="1"] li[data-pod="default/pod-c"]').count() == 1
             await screenshot(page, "node")
+            overview = await browser.new_page(viewport={"width": 1200, "height": 500})
+            await overview.goto(f"{base}/")
+            row = overview.locator(f'#nodes tr[data-node="{NODE}"]')
+            assert await row.locator('td[data-queue-length="2"]').count() == 1
+            await screenshot(overview, "cluster")
+            await overview.close()
 
             # T2: C completes; D gets GPU 1, B GPU 0 beside A; the page follows without a reload
             await run.pods["pod-c"].finish()
@@ -166,10 +172,6 @@ async def test_node_page_follows_the_worked_example_live(tmp_path: Path) -> None
             ]
             assert await page.locator("#chart svg #interval-3").count() == 1
             await screenshot(page, "gpu-timeline")
-
-            await page.goto(f"{base}/")
-            assert await page.locator(f'#nodes tr[data-node="{NODE}"]').count() == 1
-            await screenshot(page, "cluster")
 
             await page.goto(f"{base}/pods/default/pod-b")
             kinds = page.locator("#steps tr[data-kind]")
