@@ -221,7 +221,12 @@ def holds(reason: Reason, state: State, pod: PodState, now: datetime) -> bool:
                 if p.phase == "running" and p.running_since is not None
             ]
             later = [t for t in crossings if t > now]
-            return bool(later) and min(later) == reason.at
+            reaching = all(
+                (held := state.pods[v].running_since) is not None
+                and held + timedelta(minutes=minutes) == reason.at
+                for v in reason.victims
+            )
+            return bool(later) and min(later) == reason.at and bool(reason.victims) and reaching
     return False
 
 

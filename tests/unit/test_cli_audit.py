@@ -273,7 +273,7 @@ def test_explain_b_at_t1_head_of_line(
           - the head, default/pod-d, fits on no GPU: it needs core 100% memory 100%
           - default/pod-a on GPU 0 may not be preempted: its priority 0 is not below the head's 0, and it has held its GPU for less than podMaxDurationMinutes (120 min)
           - default/pod-c on GPU 1 may not be preempted: its priority 0 is not below the head's 0, and it has held its GPU for less than podMaxDurationMinutes (120 min)
-          - a running pod reaches podMaxDurationMinutes (120 min) at +2h00m00s; preemption is considered again then
+          - default/pod-a reaches podMaxDurationMinutes (120 min) at +2h00m00s; preemption is considered again then
         estimate: no estimate: no assignment on {NODE} has completed yet
         """
     )
@@ -298,7 +298,7 @@ def test_explain_d_at_t1_no_eligible_victim(
           - the head, default/pod-d, fits on no GPU: it needs core 100% memory 100%
           - default/pod-a on GPU 0 may not be preempted: its priority 0 is not below the head's 0, and it has held its GPU for less than podMaxDurationMinutes (120 min)
           - default/pod-c on GPU 1 may not be preempted: its priority 0 is not below the head's 0, and it has held its GPU for less than podMaxDurationMinutes (120 min)
-          - a running pod reaches podMaxDurationMinutes (120 min) at +2h00m00s; preemption is considered again then
+          - default/pod-a reaches podMaxDurationMinutes (120 min) at +2h00m00s; preemption is considered again then
         estimate: no estimate: no assignment on {NODE} has completed yet
         """
     )

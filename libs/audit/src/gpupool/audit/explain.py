@@ -11,7 +11,7 @@ functions; nothing here re-implements a rule.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 import msgspec
@@ -170,8 +170,21 @@ def reasons(d: Diagnosis) -> list[Reason]:
                     needs=d.head_limits,
                 )
             )
-    if d.next_check is not None:
-        said.append(Reason(kind="next-check", at=d.next_check, minutes=d.max_duration_minutes))
+    if d.next_check is not None and d.max_duration_minutes is not None:
+        limit = timedelta(minutes=d.max_duration_minutes)
+        reaching = [
+            c.pod
+            for c in d.candidates
+            if c.running_since is not None and c.running_since + limit == d.next_check
+        ]
+        said.append(
+            Reason(
+                kind="next-check",
+                at=d.next_check,
+                minutes=d.max_duration_minutes,
+                victims=reaching,
+            )
+        )
     return said
 
 

@@ -141,8 +141,9 @@ def reason_text(reason: Reason, origin: datetime) -> str:
             )
         case "next-check":
             assert reason.at is not None
+            who = ", ".join(str(v) for v in reason.victims) or "a running pod"
             return (
-                f"a running pod reaches podMaxDurationMinutes ({reason.minutes} min) at "
+                f"{who} reaches podMaxDurationMinutes ({reason.minutes} min) at "
                 f"{format_offset(reason.at, origin)}; preemption is considered again then"
             )
     raise AssertionError(reason.kind)
