@@ -3,11 +3,11 @@ wakes the live pages when one arrives.
 
 Two sources, both read-only:
 
-* :class:`NatsFeed` follows the JetStream stream with an *ordered consumer* from its
-  first entry: the server pushes each entry as it is appended (no polling), and the
-  console never creates a stream or a durable consumer, nor publishes anything. It
-  needs a credential that may read the stream (stream info and an ephemeral
-  consumer); see docs/console.md.
+* :class:`NatsFeed` follows the JetStream stream from its first entry through
+  :class:`~gpupool.eventlog.reader.ReadOnlyLog` (an *ordered consumer*: the server
+  pushes each entry as it is appended, no polling); the console never creates a
+  stream or a durable consumer, nor publishes anything. It needs a credential that
+  may read the stream (stream info and an ephemeral consumer); see docs/console.md.
 * :class:`FileFeed` reads a JSON-lines log (what ``gpupool simulate`` writes) once:
   for looking at a past run offline.
 """
@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from pathlib import Path
-from typing import Any
 
 from gpupool.eventlog.port import Entry, StoredEvent, read_entry
+from gpupool.eventlog.reader import DEFAULT_STREAM, ReadOnlyLog
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX, subject_for
 
-logger = logging.getLogger(__name__)
-
-DEFAULT_STREAM = "GPUPOOL"
+__all__ = ["DEFAULT_STREAM", "FileFeed", "LogFeed", "NatsFeed"]
 
 
 class LogFeed:
@@ -80,7 +77,7 @@ class FileFeed(LogFeed):
 
 
 class NatsFeed(LogFeed):
-    """Follow ``stream`` from its first entry with an ordered push consumer."""
+    """Follow ``stream`` from its first entry, read-only (``ReadOnlyLog``'s ordered consumer)."""
 
     BATCH_S = 0.05
     """Entries arriving within this long of each other wake the pages once."""
@@ -99,54 +96,41 @@ class NatsFeed(LogFeed):
         self.subject_prefix = subject_prefix
         self.credentials = credentials
         self.description = f"{url} stream {stream}"
-        self._nc: Any = None
-        self._subscription: Any = None
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._pump: asyncio.Task[None] | None = None
-        self._last_seq = 0
+        self._log: ReadOnlyLog | None = None
+        self._arrived: asyncio.Queue[Entry] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        import nats
-        from nats.js import api
-
-        options: dict[str, Any] = {"name": "gpupool-console", "max_reconnect_attempts": -1}
-        if self.credentials is not None:
-            options["user_credentials"] = str(self.credentials)
-        self._nc = await nats.connect(self.url, **options)
-        js = self._nc.jetstream()
-
-        async def on_msg(msg: Any) -> None:
-            await self._queue.put(msg)
-
-        self._subscription = await js.subscribe(
-            f"{self.subject_prefix}.>",
+        self._log = await ReadOnlyLog.connect(
+            self.url,
             stream=self.stream,
-            cb=on_msg,
-            ordered_consumer=True,
-            config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL),
+            subject_prefix=self.subject_prefix,
+            credentials=self.credentials,
+            name="gpupool-console",
         )
-        self._pump = asyncio.create_task(self._run())
+        self._tasks = [
+            asyncio.create_task(self._read(self._log)),
+            asyncio.create_task(self._publish()),
+        ]
 
-    async def _run(self) -> None:
+    async def _read(self, log: ReadOnlyLog) -> None:
+        async for entry in log.entries():
+            await self._arrived.put(entry)
+
+    async def _publish(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            batch = [await self._arrived.get()]
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.BATCH_S):
                     while True:
-                        batch.append(await self._queue.get())
-            entries = []
-            for msg in batch:
-                seq = msg.metadata.sequence.stream
-                if seq <= self._last_seq:
-                    continue  # an ordered-consumer reset may deliver an entry again
-                self._last_seq = seq
-                entries.append(read_entry(seq, msg.subject, msg.data))
-            await self.add(entries)
+                        batch.append(await self._arrived.get())
+            await self.add(batch)
 
     async def close(self) -> None:
-        if self._pump is not None:
-            self._pump.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._pump
-        if self._nc is not None and not self._nc.is_closed:
-            await self._nc.close()
+                await task
+        if self._log is not None:
+            await self._log.close()
