@@ -6,11 +6,12 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list
 
-# install everything the tests need that PyPI does not ship (Prometheus, Docker, debootstrap), build the CUDA hook
+# install everything the tests need that PyPI does not ship (Prometheus, Docker, debootstrap, Chromium), build the CUDA hook
 [group('setup')]
 setup:
     bash scripts/install-prometheus.sh
     bash scripts/install-docker.sh
+    bash scripts/install-chromium.sh
     bash scripts/build-cuda-hook.sh
 
 # build the images (gpupool, NATS, Prometheus) offline from a locally made base

@@ -264,12 +264,16 @@ def test_explain_b_at_t1_head_of_line(
         as of +5s (2025-01-01T00:00:05Z)
         ahead of it:
           1  default/pod-d  priority 0, limits core 100% memory 100%, ready since +2s
-        it needs core 50% memory 50% free on one GPU (its limits):
-          GPU 0: used core 50% memory 50%, free core 50% memory 50%: fits
-          GPU 1: used core 100% memory 100%, free core 0% memory 0%: does not fit
-        what blocks it:
-          - head-of-line: the queue is served in order and the head, default/pod-d, fits on no GPU yet
-          - it would fit GPU 0 now, but backfill is off on {NODE}
+        it needs core 50% memory 50% free on one GPU (its limits)
+        what decides (verdict head-of-line):
+          - GPU 0: it fits (core 50% memory 50% free)
+          - GPU 1: it does not fit: core and memory short (used core 100% memory 100%, free core 0% memory 0%)
+          - head-of-line: the queue is served in order and the head is default/pod-d (priority 0)
+          - it would fit GPU 0 now, but backfill is off on this node
+          - the head, default/pod-d, fits on no GPU: it needs core 100% memory 100%
+          - default/pod-a on GPU 0 may not be preempted: its priority 0 is not below the head's 0, and it has held its GPU for less than podMaxDurationMinutes (120 min)
+          - default/pod-c on GPU 1 may not be preempted: its priority 0 is not below the head's 0, and it has held its GPU for less than podMaxDurationMinutes (120 min)
+          - default/pod-a reaches podMaxDurationMinutes (120 min) at +2h00m00s; preemption is considered again then
         estimate: no estimate: no assignment on {NODE} has completed yet
         """
     )
@@ -287,13 +291,14 @@ def test_explain_d_at_t1_no_eligible_victim(
         default/pod-d waits on {NODE}: position 1 of 2, ready since +2s (3s so far)
         as of +5s (2025-01-01T00:00:05Z)
         ahead of it: nobody (it is the head of the queue)
-        it needs core 100% memory 100% free on one GPU (its limits):
-          GPU 0: used core 50% memory 50%, free core 50% memory 50%: does not fit
-          GPU 1: used core 100% memory 100%, free core 0% memory 0%: does not fit
-        what blocks it:
-          - no GPU has room: it needs core 100% memory 100% free on one GPU
-          - no eligible victim: none of default/pod-a (priority 0), default/pod-c (priority 0) has a priority below 0, and none has held its GPU for podMaxDurationMinutes (120 min)
-          - default/pod-a reaches podMaxDurationMinutes at +2h00m00s; preemption is considered again then
+        it needs core 100% memory 100% free on one GPU (its limits)
+        what decides (verdict no-eligible-victim):
+          - GPU 0: it does not fit: core and memory short (used core 50% memory 50%, free core 50% memory 50%)
+          - GPU 1: it does not fit: core and memory short (used core 100% memory 100%, free core 0% memory 0%)
+          - the head, default/pod-d, fits on no GPU: it needs core 100% memory 100%
+          - default/pod-a on GPU 0 may not be preempted: its priority 0 is not below the head's 0, and it has held its GPU for less than podMaxDurationMinutes (120 min)
+          - default/pod-c on GPU 1 may not be preempted: its priority 0 is not below the head's 0, and it has held its GPU for less than podMaxDurationMinutes (120 min)
+          - default/pod-a reaches podMaxDurationMinutes (120 min) at +2h00m00s; preemption is considered again then
         estimate: no estimate: no assignment on {NODE} has completed yet
         """
     )
@@ -312,12 +317,13 @@ def test_explain_with_an_estimate_from_recent_history(
         default/train-3 waits on gpu-node-1: position 1 of 1, ready since +1m05s (15s so far)
         as of +1m20s (2025-01-01T00:01:20Z)
         ahead of it: nobody (it is the head of the queue)
-        it needs core 100% memory 100% free on one GPU (its limits):
-          GPU 0: used core 100% memory 100%, free core 0% memory 0%: does not fit
-          GPU 1: used core 100% memory 100%, free core 0% memory 0%: does not fit
-        what blocks it:
-          - no GPU has room: it needs core 100% memory 100% free on one GPU
-          - no eligible victim: none of default/train-1 (priority 0), serving/infer (priority 1000) has a priority below 0, and podMaxDurationMinutes is not set
+        it needs core 100% memory 100% free on one GPU (its limits)
+        what decides (verdict no-eligible-victim):
+          - GPU 0: it does not fit: core and memory short (used core 100% memory 100%, free core 0% memory 0%)
+          - GPU 1: it does not fit: core and memory short (used core 100% memory 100%, free core 0% memory 0%)
+          - the head, default/train-3, fits on no GPU: it needs core 100% memory 100%
+          - serving/infer on GPU 0 may not be preempted: its priority 1000 is above the head's 0
+          - default/train-1 on GPU 1 may not be preempted: its priority 0 is not below the head's 0, and podMaxDurationMinutes is not set
         estimate: about 35s more = median hold 1m10s (the 1 most recent completed assignment on gpu-node-1) × 1 (pods ahead 0 + itself) / 2 GPUs; an estimate from recent history, not a promise
         """
     )

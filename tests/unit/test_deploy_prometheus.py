@@ -51,6 +51,7 @@ KNOWN_METRICS = frozenset(
         "gpupool_gpu_allocated_limit_percent",
         "gpupool_rejected_messages_total",
         "gpupool_log_last_sequence",
+        "gpupool_pod_gpu_info",
         # node-executor
         "gpupool_inventory_simulated",
         "gpupool_gpu_memory_used_bytes",
@@ -286,7 +287,7 @@ def expressions() -> list[tuple[str, str]]:
 def as_promql(expr: str) -> str:
     """A dashboard query with Grafana's variables replaced by values Prometheus accepts."""
     text = expr.replace("$__rate_interval", "5m").replace("$__range", "1h")
-    return re.sub(r"\$\{?node\}?", ".*", text)
+    return re.sub(r"\$\{?(node|namespace|pod)\}?", ".*", text)
 
 
 def test_dashboard_is_a_grafana_dashboard() -> None:
@@ -315,6 +316,31 @@ def test_dashboard_is_a_grafana_dashboard() -> None:
         assert panel["targets"], panel["title"]
 
 
+def test_dashboard_has_namespace_and_pod_variables() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert re.fullmatch(
+        r"label_values\(DCGM_FI_POOLING_STATUS\{.*\}, namespace\)",
+        variables["namespace"]["definition"],
+    )
+    assert re.fullmatch(
+        r"label_values\(DCGM_FI_POOLING_STATUS\{.*\}, pod\)", variables["pod"]["definition"]
+    )
+    for panel in panels_reading("DCGM_FI_POOLING_STATUS") + panels_reading(
+        "DCGM_FI_POOLING_POSITION"
+    ):
+        for target in panel["targets"]:
+            assert 'namespace=~"$namespace"' in target["expr"], panel["title"]
+            assert 'pod=~"$pod"' in target["expr"], panel["title"]
+
+
+def test_pooling_status_timeline_is_one_panel_per_node() -> None:
+    (panel,) = [
+        p for p in panels_reading("DCGM_FI_POOLING_STATUS") if p["type"] == "state-timeline"
+    ]
+    assert panel["repeat"] == "node"
+    assert "$node" in panel["title"]
+
+
 def panels_reading(metric: str) -> list[dict[str, Any]]:
     return [
         panel
@@ -340,6 +366,10 @@ def panels_reading(metric: str) -> list[dict[str, Any]]:
             "gpupool_wait_seconds_bucket", {"timeseries"}, "histogram_quantile", id="wait-quantiles"
         ),
         pytest.param("gpupool_inventory_simulated", {"stat"}, "by (node)", id="simulated-flag"),
+        pytest.param(
+            "DCGM_FI_POOLING_POSITION", {"timeseries"}, "pod", id="queue-position-over-time"
+        ),
+        pytest.param("gpupool_pod_gpu_info", {"state-timeline"}, "gpu", id="who-holds-which-gpu"),
     ],
 )
 def test_dashboard_has_the_required_panel(metric: str, kinds: set[str], must_contain: str) -> None:

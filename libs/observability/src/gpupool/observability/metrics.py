@@ -22,6 +22,7 @@ from prometheus_client.core import (
 from gpupool.core import PodState, State, pooling_position, pooling_status, queue_positions
 from gpupool.events import PreemptReason, ReleaseReason
 from gpupool.observability.executor_metrics import ExecutorCollector, ExecutorReadings
+from gpupool.observability.pod_gpu_metrics import PodGpuCollector
 from gpupool.observability.projection import Projection
 from gpupool.observability.statistics import LogStatistics
 
@@ -217,6 +218,7 @@ def metrics_registry(
     if queue:
         registry.register(PoolingCollector(projection))
         registry.register(QueueCollector(projection))
+        registry.register(PodGpuCollector(projection))
     if executor is not None:
         registry.register(ExecutorCollector(executor, projection))
     return registry

@@ -2,7 +2,7 @@
 
 ``--log FILE.jsonl`` reads what ``gpupool simulate`` writes (one envelope per
 line; an entry's sequence is its ordinal, the line number when no line is blank). ``--nats URL [--stream NAME]``
-replays the stream through :class:`~gpupool.eventlog.jetstream.JetStreamEventLog`.
+reads the stream read-only through :class:`~gpupool.eventlog.reader.ReadOnlyLog`.
 Either way the commands get the same :data:`~gpupool.eventlog.port.Entry` values.
 """
 
@@ -21,7 +21,7 @@ from gpupool.eventlog.port import Entry, StoredEvent, read_entry
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX, subject_for
 
 if TYPE_CHECKING:
-    from gpupool.eventlog.jetstream import JetStreamEventLog
+    from gpupool.eventlog.reader import ReadOnlyLog
 
 DEFAULT_STREAM = "GPUPOOL"
 PROGRESS_EVERY = 10_000
@@ -228,22 +228,28 @@ class FileLogSource:
 
 
 class NatsLogSource:
-    """JetStream, imported only when asked for (reading a file needs no NATS client)."""
+    """JetStream, read-only (``ReadOnlyLog``: ordered consumers, no stream or durable created,
+    nothing published); imported only when asked for (reading a file needs no NATS client)."""
 
-    def __init__(self, log: JetStreamEventLog, url: str, stream: str) -> None:
+    def __init__(self, log: ReadOnlyLog, url: str, stream: str) -> None:
         self.log = log
         self.url = url
         self.stream = stream
 
     @classmethod
     async def connect(cls, url: str, *, stream: str, subject_prefix: str) -> NatsLogSource:
-        from gpupool.eventlog.jetstream import JetStreamEventLog
+        from gpupool.eventlog.reader import ReadOnlyLog, StreamMissing
 
         try:
-            log = await JetStreamEventLog.connect(
+            log = await ReadOnlyLog.connect(
                 url, stream=stream, subject_prefix=subject_prefix, name="gpupool-cli"
             )
         except (ConnectionError, OSError, TimeoutError) as exc:
+            raise CommandFailed(f"{url}: cannot open stream {stream}: {exc}") from exc
+        try:
+            await log.last_seq()
+        except StreamMissing as exc:
+            await log.close()
             raise CommandFailed(f"{url}: cannot open stream {stream}: {exc}") from exc
         return cls(log, url, stream)
 
@@ -252,18 +258,15 @@ class NatsLogSource:
         return f"{self.url} stream {self.stream}"
 
     async def entries(self) -> AsyncIterator[Entry]:
-        async for entry in self.log.replay():
+        """Every entry up to the stream's last sequence when the reading starts."""
+        last = await self.log.last_seq()
+        async for entry in self.log.entries(until_seq=last):
             yield entry
 
     async def follow(self, after_seq: int) -> AsyncIterator[Entry]:
-        seen = after_seq
-        while True:
-            if await self.log.last_seq() <= seen:
-                await asyncio.sleep(FOLLOW_POLL_S)
-                continue
-            async for entry in self.log.replay(from_seq=seen + 1):
-                seen = entry.seq
-                yield entry
+        """Entries after ``after_seq``, pushed by the server as they are appended."""
+        async for entry in self.log.entries(from_seq=after_seq + 1):
+            yield entry
 
     async def close(self) -> None:
         await self.log.close()

@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpupool.cli.commands.state",
     "gpupool.cli.commands.verify",
     "gpupool.cli.commands.explain",
+    "gpupool.cli.commands.console",
     "gpupool.cli.run_command",
     "gpupool.cli.up_command",
     "gpupool.cli.pod_command",

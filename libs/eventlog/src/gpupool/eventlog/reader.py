@@ -1,0 +1,111 @@
+"""Reading the JetStream log without any right to change it: for the audit commands and the console.
+
+:class:`ReadOnlyLog` never creates the stream, never creates a durable consumer and
+never publishes. It reads with *ordered consumers* (ephemeral, flow-controlled, the
+server pushes each entry as it is appended), so a NATS user that may only look at
+the stream and create an ephemeral consumer on it is enough (docs/console.md lists
+the permissions). :meth:`ReadOnlyLog.entries` reads up to a sequence, or follows the
+log for as long as it is iterated: no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.js import api
+
+from gpupool.eventlog.port import Entry, read_entry
+from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
+
+DEFAULT_STREAM = "GPUPOOL"
+BUFFER = 4096
+"""Entries buffered between the subscription and the reader (flow control holds the rest)."""
+
+
+class StreamMissing(LookupError):
+    """The stream does not exist (a read-only reader does not create it)."""
+
+
+class ReadOnlyLog:
+    def __init__(self, nc: Any, *, stream: str, subject_prefix: str) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self.stream = stream
+        self.subject_prefix = subject_prefix
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        stream: str = DEFAULT_STREAM,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+        credentials: Path | None = None,
+        name: str = "gpupool-reader",
+        connect_timeout: float = 10.0,
+    ) -> ReadOnlyLog:
+        options: dict[str, Any] = {"name": name, "max_reconnect_attempts": -1}
+        if credentials is not None:
+            options["user_credentials"] = str(credentials)
+        try:
+            async with asyncio.timeout(connect_timeout):
+                nc = await nats.connect(url, connect_timeout=2, **options)
+        except TimeoutError as exc:
+            raise ConnectionError(
+                f"no NATS server answered at {url} within {connect_timeout}s"
+            ) from exc
+        return cls(nc, stream=stream, subject_prefix=subject_prefix)
+
+    async def last_seq(self) -> int:
+        try:
+            info = await self._js.stream_info(self.stream)
+        except nats.js.errors.NotFoundError as exc:
+            raise StreamMissing(f"stream {self.stream} does not exist") from exc
+        return int(info.state.last_seq)
+
+    async def entries(
+        self, *, from_seq: int = 1, until_seq: int | None = None
+    ) -> AsyncIterator[Entry]:
+        """Entries from ``from_seq`` on, in order: up to ``until_seq``, or for ever (following)."""
+        start = max(from_seq, 1)
+        if until_seq is not None and until_seq < start:
+            return
+        buffer: asyncio.Queue[Any] = asyncio.Queue(maxsize=BUFFER)
+
+        async def on_msg(msg: Any) -> None:
+            await buffer.put(msg)
+
+        subscription = await self._js.subscribe(
+            f"{self.subject_prefix}.>",
+            stream=self.stream,
+            cb=on_msg,
+            ordered_consumer=True,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
+            ),
+        )
+        last = start - 1
+        try:
+            while True:
+                msg = await buffer.get()
+                seq = int(msg.metadata.sequence.stream)
+                if seq <= last:
+                    continue  # an ordered-consumer reset may deliver an entry again
+                last = seq
+                yield read_entry(seq, msg.subject, msg.data)
+                if until_seq is not None and seq >= until_seq:
+                    return
+        finally:
+            if not self._nc.is_closed:
+                # the reader is going away anyway: a failed unsubscribe changes nothing
+                with contextlib.suppress(nats.errors.Error, OSError):
+                    await subscription.unsubscribe()
+
+    async def close(self) -> None:
+        if not self._nc.is_closed:
+            await self._nc.close()

@@ -1,0 +1,1 @@
+"""gpupool's read-only web console: cluster, node, pod and GPU-timeline pages from the log."""
