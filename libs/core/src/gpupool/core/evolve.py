@@ -85,7 +85,10 @@ def evolve(state: State, envelope: Envelope) -> State:
         case NodeRejected():
             state.node(event.node).rejection = (event.reason, event.message)
         case MessageRejected():
-            state.rejected_messages += 1
+            if event.seq == 0 or event.seq not in state.rejected_sequences:
+                state.rejected_messages += 1
+            if event.seq:
+                state.rejected_sequences.add(event.seq)
     return state
 
 

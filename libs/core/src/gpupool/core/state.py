@@ -72,6 +72,8 @@ class State:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     pods: dict[PodRef, PodState] = field(default_factory=dict)
     rejected_messages: int = 0
+    rejected_sequences: set[int] = field(default_factory=set)
+    """Log sequences whose MessageRejected is folded: each is set aside once, forever."""
 
     def node(self, name: str) -> NodeState:
         """The node's state, created empty on first mention."""

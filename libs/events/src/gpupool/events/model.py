@@ -180,6 +180,8 @@ class MessageRejected(msgspec.Struct, frozen=True, kw_only=True, tag="MessageRej
     reason: str
     payload: str
     node: str = NODELESS
+    seq: int = 0
+    """The log sequence of the entry set aside (0: not known, as in logs before it was kept)."""
 
 
 Event = (

@@ -73,6 +73,7 @@ class StateRecord(msgspec.Struct, frozen=True, kw_only=True):
     pods: list[PodRecord]
     """In the order of ``State.pods``."""
     rejected_messages: int
+    rejected_sequences: list[int] = []
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -167,6 +168,7 @@ def state_record(state: State) -> StateRecord:
         nodes=[node_record(node) for node in state.nodes.values()],
         pods=[pod_record(pod) for pod in state.pods.values()],
         rejected_messages=state.rejected_messages,
+        rejected_sequences=sorted(state.rejected_sequences),
     )
 
 
@@ -175,6 +177,7 @@ def state_from_record(record: StateRecord) -> State:
         nodes={node.name: node_state(node) for node in record.nodes},
         pods={pod.ref: pod_state(pod) for pod in record.pods},
         rejected_messages=record.rejected_messages,
+        rejected_sequences=set(record.rejected_sequences),
     )
 
 

@@ -252,7 +252,7 @@ def fold_until(entries: Sequence[Entry], until: datetime | None = None) -> Folde
             continue
         if until is not None and entry.envelope.time > until:
             break
-        folded.projection.apply(entry.seq, entry.envelope)
+        folded.projection.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
         folded.last = entry
         folded.entries += 1
     return folded
@@ -309,7 +309,7 @@ def pod_history(entries: Sequence[Entry], pod: PodRef) -> History:
         event = envelope.event
         before = projection.state.pods.get(pod)
         held_since = before.running_since if before is not None else None
-        projection.apply(entry.seq, envelope)
+        projection.apply(entry.seq, envelope, index=entry.index, last=entry.last)
         state = projection.state
         mine = involves(event, pod)
         if isinstance(event, PodRegistered | PodRejected) and event.pod == pod:
@@ -795,7 +795,7 @@ def verify(entries: Iterable[Entry]) -> VerifyReport:
             verifier.projection.skip(entry.seq, None)
             continue
         verifier.check(entry)
-        verifier.projection.apply(entry.seq, entry.envelope)
+        verifier.projection.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
         if isinstance(entry.envelope.event, PodRegistered):
             pods.add(entry.envelope.event.pod)
         last = entry
