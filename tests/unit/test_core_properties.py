@@ -51,6 +51,7 @@ from gpupool.events import (
     Preempted,
     Released,
     ReleaseReason,
+    Share,
 )
 
 
@@ -176,6 +177,9 @@ class Driver:
     overtaken: int = 0
     became_ready: dict[PodRef, int] = field(default_factory=dict)
     """Where in the log each pod last became ready: the FIFO order within a priority."""
+    processes: dict[PodRef, tuple[str, int, Share, bool]] = field(default_factory=dict)
+    """The executor's view: pods whose processes run, on (node, GPU, share, static).
+    A process starts at Assigned and ends just before the executor reports its release."""
 
     def run(self, command: Command) -> list[Event]:
         events = decide(self.state, command, self.now)
@@ -197,9 +201,14 @@ class Driver:
         raise AssertionError("the node never settled")
 
     def release_victims(self, node: str) -> None:
+        """The executor ends what is releasing (preempted or deleted), then records it."""
         for pod in self.state.pods_on(node):
             if pod.evicted_by is not None:
+                self.processes.pop(pod.ref, None)
                 self.run(ReportRelease(pod=pod.ref, node=node, reason="preempted"))
+            elif pod.removed:
+                self.processes.pop(pod.ref, None)
+                self.run(ReportRelease(pod=pod.ref, node=node, reason="cancelled"))
 
     def start(self) -> None:
         for spec in self.case.nodes:
@@ -260,6 +269,7 @@ class Driver:
         elif step.kind == "delete":
             self.run(RemovePod(pod=pod, node=node.name))
         else:
+            self.processes.pop(pod, None)  # the process ended: then its release is reported
             self.run(ReportRelease(pod=pod, node=node.name, reason=releases[step.kind]))
 
     # ------------------------------------------------------------------ per event
@@ -275,6 +285,14 @@ class Driver:
                     f"{event.pod} assigned twice without a release"
                 )
                 self.holding[event.pod] = True
+                assigned = self.state.pods[event.pod]
+                static = assigned.policy == "static"
+                self.processes[event.pod] = (
+                    event.node,
+                    event.gpu_index,
+                    assigned.requests if static else assigned.limits,
+                    static,
+                )
                 if isinstance(command, Schedule):
                     self.check_queue_order(event)
             case Released():
@@ -287,7 +305,7 @@ class Driver:
                     assert event.gpu_index == self.state.pods[event.pod].gpu_index
                 self.holding[event.pod] = False
             case PodRemoved():
-                self.holding[event.pod] = False
+                pass  # a pod holding a slot keeps it, releasing, until its Released
             case Preempted():
                 victim = self.state.pods[event.victim]
                 assert self.priorities[event.victim] <= self.priorities[event.preemptor]
@@ -324,7 +342,20 @@ class Driver:
 
     # ------------------------------------------------------------------ per step
 
+    def check_processes(self) -> None:
+        """No GPU ever shared beyond its limits while a process still runs (finding 2)."""
+        used: dict[tuple[str, int, bool], list[int]] = {}
+        for node, gpu, held, static in self.processes.values():
+            total = used.setdefault((node, gpu, static), [0, 0])
+            total[0] += held.core
+            total[1] += held.memory
+        for (node, gpu, _), (core, memory) in used.items():
+            assert core <= 100 and memory <= 100, (
+                f"GPU {gpu} of {node} shared beyond its limits by live processes: {core}/{memory}"
+            )
+
     def check_state(self) -> None:
+        self.check_processes()
         state = self.state
         assert fold(self.log) == state, "folding the log from scratch differs from the live state"
         for name, node in state.nodes.items():
@@ -356,13 +387,15 @@ class Driver:
             homes = [name for name, node in state.nodes.items() if pod_ref in node.pods]
             assert homes == [pod.node]
             assert pod.phase in ("dormant", "ready", "running")
-            assert (pod.phase == "running") == (pod.gpu_index is not None)
+            if pod.policy == "share-pool":
+                assert (pod.phase == "running") == (pod.gpu_index is not None)
+            else:  # a static pod keeps its binding between runs
+                assert pod.gpu_index is not None
+            assert not pod.removed or pod.phase == "running", "only a slot holder is releasing"
             assert (pod.phase == "running") == (pod.running_since is not None)
             assert (pod.phase == "ready") == (pod.ready_since is not None)
             assert pod.evicted_by is None or pod.phase == "running"
             assert (pod.phase == "running") == bool(self.holding.get(pod_ref))
-            if pod.policy == "static":
-                assert pod.phase == "running"
         for node in state.nodes.values():
             assert all(pod_ref in state.pods for pod_ref in node.pods)
 

@@ -39,6 +39,13 @@ class PodState:
     evicted_by: PodRef | None = None
     """Set by Preempted: the pod keeps its slot until its release is recorded."""
     evict_reason: PreemptReason | None = None
+    removed: bool = False
+    """Deleted while it held a slot: it keeps the slot until its Released is recorded."""
+
+    @property
+    def releasing(self) -> bool:
+        """Its processes are being ended (preempted or deleted): its slot still counts."""
+        return self.phase == "running" and (self.evicted_by is not None or self.removed)
 
 
 @dataclass(slots=True)

@@ -52,6 +52,7 @@ class PodRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     running_since: datetime | None
     evicted_by: PodRef | None
     evict_reason: PreemptReason | None
+    removed: bool = False
 
 
 class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,6 +112,7 @@ def pod_record(pod: PodState) -> PodRecord:
         running_since=pod.running_since,
         evicted_by=pod.evicted_by,
         evict_reason=pod.evict_reason,
+        removed=pod.removed,
     )
 
 
@@ -132,6 +134,7 @@ def pod_state(record: PodRecord) -> PodState:
         running_since=record.running_since,
         evicted_by=record.evicted_by,
         evict_reason=record.evict_reason,
+        removed=record.removed,
     )
 
 

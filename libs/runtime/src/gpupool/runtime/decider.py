@@ -191,9 +191,17 @@ class DeciderLoop:
         every node; a catch-up may fold entries of *other* nodes (or other commands'
         causes) that nothing else would react to.
         """
+        unreadable: list[Undecodable] = []
         async for entry in self.log.replay(from_seq=self.projection.last_seq + 1):
-            if self.fold(entry) and isinstance(entry, StoredEvent):
-                self._caught_up.add((entry.seq, entry.index))
+            if self.fold(entry):
+                if isinstance(entry, StoredEvent):
+                    self._caught_up.add((entry.seq, entry.index))
+                else:
+                    unreadable.append(entry)
+        # everything up to the log's end is folded now: a rejection already recorded is seen
+        for garbage in unreadable:
+            if not self._rejection_recorded(garbage.seq):
+                await self._set_aside(garbage)
 
     async def consume(self, durable: str, react: Reaction) -> None:
         """Fold live entries and react to each event; ack after the reaction committed.
