@@ -15,7 +15,7 @@ so an audit sees exactly the state the services saw.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 
 import msgspec
@@ -32,6 +32,8 @@ from gpupool.core.placement import (
 )
 from gpupool.core.preemption import next_preemption_check, plan_preemption
 from gpupool.core.state import GPU_PERCENT
+from gpupool.core.verification import RULES as LIVENESS_RULES
+from gpupool.core.verification import check_liveness_and_optimality
 from gpupool.eventlog.port import Entry, StoredEvent, Undecodable
 from gpupool.events import (
     Assigned,
@@ -564,6 +566,7 @@ INVARIANTS = (
     "every Preempted is followed by its victim's release; no release as preempted without one",
     "no pod is preempted for a pod of lower priority",
     "the requests of a node's pods stay within its allocatable",
+    *LIVENESS_RULES,
 )
 """What ``verify`` checks, in the words its summary uses."""
 
@@ -782,7 +785,7 @@ class _Verifier:
         self.report.nodes = len(state.nodes)
 
 
-def verify(entries: Iterable[Entry]) -> VerifyReport:
+def verify(entries: Sequence[Entry]) -> VerifyReport:
     """Fold the whole log and check :data:`INVARIANTS` at every entry."""
     verifier = _Verifier()
     report = verifier.report
@@ -801,8 +804,33 @@ def verify(entries: Iterable[Entry]) -> VerifyReport:
         last = entry
     report.pods = len(pods)
     verifier.finish(last)
+    report.violations.extend(
+        Violation(
+            seq=finding.seq,
+            id=finding.envelope_id,
+            type=finding.type,
+            pod=finding.pod,
+            message=finding.message,
+        )
+        for finding in check_liveness_and_optimality(decision_entries(stored_events(entries)))
+    )
     report.violations.sort(key=lambda violation: violation.seq)
     return report
+
+
+def decision_entries(events: Iterable[StoredEvent]) -> Iterator[tuple[int, list[Envelope]]]:
+    """The envelopes of each log entry, grouped by sequence (a decision entry holds several)."""
+    seq: int | None = None
+    group: list[Envelope] = []
+    for entry in events:
+        if entry.seq != seq and group:
+            assert seq is not None
+            yield seq, group
+            group = []
+        seq = entry.seq
+        group.append(entry.envelope)
+    if group and seq is not None:
+        yield seq, group
 
 
 # --------------------------------------------------------------------------- gpupool explain
