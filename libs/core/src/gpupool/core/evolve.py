@@ -93,11 +93,24 @@ def evolve(state: State, envelope: Envelope) -> State:
         case NodeRejected():
             state.node(event.node).rejection = (event.reason, event.message)
         case MessageRejected():
-            if event.seq == 0 or event.seq not in state.rejected_sequences:
+            seq = event.seq or _rejected_seq_of_id(envelope.id)
+            if seq == 0 or seq not in state.rejected_sequences:
                 state.rejected_messages += 1
-            if event.seq:
-                state.rejected_sequences.add(event.seq)
+            if seq:
+                state.rejected_sequences.add(seq)
     return state
+
+
+REJECTION_ID_PREFIX = "rejected-"
+"""Rejections written before MessageRejected named its sequence carry it in their id."""
+
+
+def _rejected_seq_of_id(envelope_id: str) -> int:
+    if envelope_id.startswith(REJECTION_ID_PREFIX):
+        tail = envelope_id[len(REJECTION_ID_PREFIX) :]
+        if tail.isdigit():
+            return int(tail)
+    return 0
 
 
 def _forget(state: State, pod: PodState) -> None:
