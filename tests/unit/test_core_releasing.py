@@ -19,7 +19,16 @@ from core_gwt import (
     registered,
 )
 
-from gpupool.core import PodManifest, RegisterPod, ReportInventory, ReportRelease, Schedule, decide
+from gpupool.core import (
+    PodManifest,
+    PresentPod,
+    ReconcilePods,
+    RegisterPod,
+    ReportInventory,
+    ReportRelease,
+    Schedule,
+    decide,
+)
 from gpupool.core.validation import CORE_RESOURCE, MEMORY_RESOURCE
 from gpupool.events import (
     Assigned,
@@ -155,3 +164,39 @@ def test_a_waiting_static_pod_that_fits_no_gpu_of_the_inventory_is_told_so() -> 
         Assigned(pod=ref("a"), node=NODE, gpu_index=0, gpu_uuid=gpu_uuid(0)),
     ]
     assert isinstance(events[2], PodRejected) and events[2].reason == "NoStaticGpuFits"
+
+
+def test_reconciling_removes_pods_the_cluster_no_longer_has_or_has_under_a_new_uid() -> None:
+    """Finding 4: nothing compared the cluster's pods with the log's after the first list."""
+    given = [
+        *node_events(2),
+        registered("kept", 1, 50),
+        registered("gone", 1, 50),
+        registered("recreated", 1, 50),
+        *running("deleted-running", 50, 1),
+    ]
+    present = (
+        PresentPod(pod=ref("kept"), uid="uid-kept"),
+        PresentPod(pod=ref("recreated"), uid="a-new-uid"),
+    )
+    state = gwt(
+        given=given,
+        when=ReconcilePods(node=NODE, present=present),
+        then=[
+            PodRemoved(pod=ref("gone"), node=NODE),
+            PodRemoved(pod=ref("recreated"), node=NODE),
+            PodRemoved(pod=ref("deleted-running"), node=NODE),
+        ],
+    )
+    assert set(state.pods) == {ref("kept"), ref("deleted-running")}
+    assert state.pods[ref("deleted-running")].releasing  # until the executor ends it
+    also_present = (
+        *present,
+        PresentPod(pod=ref("gone"), uid=""),  # no UID known: the name is enough
+        PresentPod(pod=ref("deleted-running"), uid="uid-deleted-running"),
+    )
+    gwt(
+        given=given,
+        when=ReconcilePods(node=NODE, present=also_present),
+        then=[PodRemoved(pod=ref("recreated"), node=NODE)],
+    )

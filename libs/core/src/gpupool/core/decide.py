@@ -2,7 +2,7 @@
 
 Which service sends which command (the deciders never execute anything):
 
-* policy: ConfigureNode, RegisterPod, RemovePod
+* policy: ConfigureNode, RegisterPod, RemovePod, ReconcilePods (after each first list)
 * node-executor: ReportInventory, RequestGpu, ReportRelease
 * admission-queue: Schedule (after every event on a node)
 * preemption: PlanPreemption (after every event on a node, and at the
@@ -81,6 +81,25 @@ class RemovePod(msgspec.Struct, frozen=True, kw_only=True):
     node: str
 
 
+class PresentPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A GPU-sharing pod the cluster has on a node, with its UID ("" if unknown)."""
+
+    pod: PodRef
+    uid: str = ""
+
+
+class ReconcilePods(msgspec.Struct, frozen=True, kw_only=True):
+    """After a (re)start's first list: the node's GPU-sharing pods the cluster has.
+
+    Pods registered in the log that the cluster no longer has (deleted while the
+    policy service was away), or has under another UID (deleted and recreated under
+    the same name), are removed; a recreated pod then registers as a new one.
+    """
+
+    node: str
+    present: tuple[PresentPod, ...]
+
+
 class RequestGpu(msgspec.Struct, frozen=True, kw_only=True):
     pod: PodRef
     node: str
@@ -106,6 +125,7 @@ Command = (
     | ReportInventory
     | RegisterPod
     | RemovePod
+    | ReconcilePods
     | RequestGpu
     | ReportRelease
     | Schedule
@@ -123,6 +143,8 @@ def decide(state: State, command: Command, now: datetime) -> list[Event]:
             return _register_pod(state, command.manifest)
         case RemovePod():
             return _remove_pod(state, command)
+        case ReconcilePods():
+            return _reconcile_pods(state, command)
         case RequestGpu():
             return _request_gpu(state, command)
         case ReportRelease():
@@ -338,6 +360,18 @@ def _remove_pod(state: State, command: RemovePod) -> list[Event]:
     if pod is None or pod.removed:
         return []
     return [PodRemoved(pod=command.pod, node=pod.node)]
+
+
+def _reconcile_pods(state: State, command: ReconcilePods) -> list[Event]:
+    present = {pod.pod: pod.uid for pod in command.present}
+    events: list[Event] = []
+    for pod in state.pods_on(command.node):
+        if pod.removed:
+            continue
+        uid = present.get(pod.ref)
+        if uid is None or (uid and pod.uid and uid != pod.uid):
+            events.append(PodRemoved(pod=pod.ref, node=pod.node))
+    return events
 
 
 def _request_gpu(state: State, command: RequestGpu) -> list[Event]:

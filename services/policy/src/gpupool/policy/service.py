@@ -17,9 +17,17 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
 
-from gpupool.core import Command, ConfigureNode, RegisterPod, RemovePod, State
+from gpupool.core import (
+    Command,
+    ConfigureNode,
+    PresentPod,
+    ReconcilePods,
+    RegisterPod,
+    RemovePod,
+    State,
+)
 from gpupool.eventlog.port import StoredEvent
-from gpupool.events import Envelope, Event, NodeRejected, PodRejected, Preempted
+from gpupool.events import Envelope, Event, NodeRejected, PodRef, PodRejected, Preempted, Released
 from gpupool.kube.adapter import KubernetesAsyncioApi
 from gpupool.kube.controllers import KubernetesControllers
 from gpupool.observability.projection import Projection
@@ -37,7 +45,7 @@ the log and the API server."""
 def command_node(command: Command) -> str:
     if isinstance(command, RegisterPod):
         return command.manifest.node
-    if isinstance(command, ConfigureNode | RemovePod):
+    if isinstance(command, ConfigureNode | RemovePod | ReconcilePods):
         return command.node
     raise TypeError(f"the policy service does not send {type(command).__name__}")
 
@@ -76,12 +84,21 @@ class PolicyService:
     async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
         self._loop = loop
         if self.cluster is not None:
-            for command in [*node_commands(self.cluster), *pod_commands(self.cluster)]:
+            # nodes first, then what the log holds and the file no longer names is removed,
+            # then the file's pods are registered
+            commands: list[Command] = [
+                *node_commands(self.cluster),
+                *self._reconcile_with_file(self.cluster),
+                *pod_commands(self.cluster),
+            ]
+            for command in commands:
                 await self.submit(command)
         if self._connect_kubernetes is not None:
             api = await self._connect_kubernetes()
             stack.push_async_callback(api.close)
-            self.controllers = KubernetesControllers(api, self.submit)
+            self.controllers = KubernetesControllers(
+                api, self.submit, registered_nodes=self._registered_nodes
+            )
             for envelope in list(self._recent_preemptions):
                 await self.controllers.preemptions.on_envelope(envelope)
             assert self._loop is not None
@@ -94,6 +111,35 @@ class PolicyService:
 
             stack.push_async_callback(stop_watching)
 
+    def _registered_nodes(self) -> list[str]:
+        assert self._loop is not None
+        state = self._loop.projection.state
+        return sorted({pod.node for pod in state.pods.values()})
+
+    def _reconcile_with_file(self, cluster: LocalCluster) -> list[ReconcilePods]:
+        present: dict[str, list[PresentPod]] = {}
+        for command in pod_commands(cluster):
+            assert isinstance(command, RegisterPod)
+            manifest = command.manifest
+            present.setdefault(manifest.node, []).append(
+                PresentPod(
+                    pod=PodRef(namespace=manifest.namespace, name=manifest.name), uid=manifest.uid
+                )
+            )
+        nodes = set(present) | set(self._registered_nodes())
+        return [
+            ReconcilePods(node=node, present=tuple(present.get(node, ()))) for node in sorted(nodes)
+        ]
+
     async def react(self, entry: StoredEvent) -> None:
-        if self.controllers is not None and isinstance(entry.envelope.event, Preempted):
+        event = entry.envelope.event
+        if self.controllers is not None and isinstance(event, Preempted):
             await self.controllers.preemptions.on_envelope(entry.envelope)
+        if (
+            self.controllers is not None
+            and isinstance(event, Released)
+            and self._loop is not None
+            and event.pod not in self._loop.projection.state.pods
+        ):
+            # a deleted pod's slot is free now: a pod recreated under its name may register
+            await self.controllers.pod_controller.retry(event.pod)
