@@ -151,3 +151,21 @@ async def test_a_decision_that_meets_another_writer_lands_whole_after_a_retry(
     assert sorted(e.pod.name for e in events if isinstance(e, Assigned)) == ["a", "b"]
     assert admission.projection.state.pods[ref("a")].phase == "running"
     assert admission.projection.state.pods[ref("b")].phase == "running"
+
+
+async def test_a_failure_deciding_for_one_node_does_not_stop_the_others(
+    memory_log: InMemoryEventLog,
+) -> None:
+    await append_all(memory_log, [*node_events(1, node="n1"), *node_events(1, node="n2")])
+    loop = DeciderLoop(memory_log, service="admission-queue")
+    await loop.rebuild()
+    broken = loop.projection.state.nodes["n1"]
+    broken.pods = None  # type: ignore[assignment]  # a state no fold produces: decide raises
+    assert await loop.execute(Schedule(node="n1"), node="n1") == []
+    assert loop.decide_failures == 1
+    await append_all(memory_log, [registered("a", 50, node="n2")])
+    await loop.rebuild()
+    await loop.execute(RequestGpu(pod=ref("a"), node="n2"), node="n2")
+    assert [type(e).__name__ for e in await loop.execute(Schedule(node="n2"), node="n2")] == [
+        "Assigned"
+    ]

@@ -61,6 +61,7 @@ class DeciderLoop:
         self.projection = projection if projection is not None else Projection()
         self.clock = clock
         self.conflicts = 0
+        self.decide_failures = 0
         self.ready = False
         self._node_locks: dict[str, asyncio.Lock] = {}
         self.failed = asyncio.Event()
@@ -147,7 +148,14 @@ class DeciderLoop:
     async def _execute(self, command: Command, *, node: str, cause: Envelope | None) -> list[Event]:
         for _ in range(MAX_CONFLICT_RETRIES):
             now = self.clock()
-            events = decide(self.projection.state, command, now)
+            try:
+                events = decide(self.projection.state, command, now)
+            except Exception:
+                # A fault in deciding for one node (bad state, a core bug) must not stop the
+                # service for every other node: this command decides nothing, loudly.
+                self.decide_failures += 1
+                log.exception("%s: deciding %s for %s failed", self.service, command, node)
+                return []
             if not events:
                 return []
             correlation = (
