@@ -23,7 +23,7 @@ from gpupool.observability import (
     metrics_registry,
     save_projection,
 )
-from gpupool.observability.snapshot import NodeRecord, PodRecord, StateRecord
+from gpupool.runtime.snapshot import NodeRecord, PodRecord, StateRecord
 
 
 @pytest.fixture(scope="module")

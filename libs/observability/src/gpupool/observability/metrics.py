@@ -22,8 +22,8 @@ from prometheus_client.core import (
 from gpupool.core import PodState, State, pooling_position, pooling_status, queue_positions
 from gpupool.events import PreemptReason, ReleaseReason
 from gpupool.observability.executor_metrics import ExecutorCollector, ExecutorReadings
-from gpupool.observability.projection import Projection
-from gpupool.observability.statistics import LogStatistics
+from gpupool.runtime.projection import Projection
+from gpupool.runtime.statistics import LogStatistics
 
 POOLING_STATUS = "DCGM_FI_POOLING_STATUS"
 POOLING_POSITION = "DCGM_FI_POOLING_POSITION"

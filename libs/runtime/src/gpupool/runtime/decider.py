@@ -33,7 +33,7 @@ from gpupool.eventlog.port import (
 )
 from gpupool.eventlog.subjects import node_of_subject
 from gpupool.events import Envelope, Event, event_node
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 No I/O here: the commands read the log (``log_source``), call these functions and
 print what they return. Every function folds the log with the same core
-``evolve`` the services use (through :class:`~gpupool.observability.projection.Projection`),
+``evolve`` the services use (through :class:`~gpupool.runtime.projection.Projection`),
 so an audit sees exactly the state the services saw.
 
 * :func:`select_entries` — ``gpupool log``: filter entries by pod, node, type, time.
@@ -55,7 +55,7 @@ from gpupool.events import (
     Share,
     event_tag,
 )
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 DEFAULT_NAMESPACE = "default"
 UNDECODABLE_TYPE = "Undecodable"

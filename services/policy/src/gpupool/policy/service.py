@@ -30,9 +30,9 @@ from gpupool.eventlog.port import StoredEvent
 from gpupool.events import Envelope, Event, NodeRejected, PodRef, PodRejected, Preempted, Released
 from gpupool.kube.adapter import KubernetesAsyncioApi
 from gpupool.kube.controllers import KubernetesControllers
-from gpupool.observability.projection import Projection
 from gpupool.policy.local_config import LocalCluster, node_commands, pod_commands
 from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.projection import Projection
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import msgspec
 
 from gpupool.core import NodeState, Phase, PodState, State
 from gpupool.events import GpuInfo, InventorySource, PodRef, Policy, PreemptReason, QosConfig, Share
-from gpupool.observability.statistics import LogStatistics
+from gpupool.runtime.statistics import LogStatistics
 
 SNAPSHOT_FORMAT = 1
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 from gpupool.core import State, evolve
 from gpupool.events import Envelope, event_node
-from gpupool.observability.snapshot import (
+from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
     state_from_record,
     state_record,
 )
-from gpupool.observability.statistics import LogStatistics
+from gpupool.runtime.statistics import LogStatistics
 
 Observer = Callable[[State, Envelope, int], None]
 """Called before an envelope is folded: (state before, envelope, stream sequence)."""
