@@ -188,11 +188,23 @@ def main() -> int:
     workdir = tempfile.TemporaryDirectory(prefix="gpupool-mutants-")
     copy_root = Path(workdir.name)
     shutil.copytree(CORE.parents[1], copy_root, dirs_exist_ok=True)  # libs/core/src
-    for name in args.module or sorted(MODULES):
+    try:
+        run_all(args.module or sorted(MODULES), args.limit, copy_root, survivors)
+    finally:
+        workdir.cleanup()
+    print()
+    print(f"survivors: {len(survivors)}")
+    for label in survivors:
+        print(f"  {label}")
+    return 1 if survivors else 0
+
+
+def run_all(names: list[str], limit: int, copy_root: Path, survivors: list[str]) -> None:
+    for name in names:
         path = MODULES[name]
         todo = mutants(path)
-        if args.limit:
-            todo = todo[: args.limit]
+        if limit:
+            todo = todo[:limit]
         for number, mutant in enumerate(todo, start=1):
             start = time.perf_counter()
             dead = killed(copy_root, path, mutant)
@@ -204,12 +216,6 @@ def main() -> int:
             )
             if not dead:
                 survivors.append(label)
-    workdir.cleanup()
-    print()
-    print(f"survivors: {len(survivors)}")
-    for label in survivors:
-        print(f"  {label}")
-    return 1 if survivors else 0
 
 
 if __name__ == "__main__":
