@@ -121,6 +121,7 @@ class Projection:
             node_seq=dict(self.node_seq),
             undecodable=self.undecodable,
             ahead=sorted(self.ahead),
+            open_entry=self.open_entry,
             state=state_record(self.state),
             statistics=None if self.statistics is None else self.statistics.copy(),
         )
@@ -134,6 +135,7 @@ class Projection:
             node_seq=dict(snapshot.node_seq),
             undecodable=snapshot.undecodable,
             ahead=set(snapshot.ahead),
+            open_entry=snapshot.open_entry,
             statistics=None if snapshot.statistics is None else snapshot.statistics.copy(),
         )
 

@@ -88,6 +88,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """Sequences above ``last_seq`` already applied (see ``Projection.ahead``)."""
     state: StateRecord
     statistics: LogStatistics | None = None
+    open_entry: tuple[int, int] | None = None
+    """A decision entry folded in part when the snapshot was taken (see ``Projection``)."""
 
 
 class _FormatProbe(msgspec.Struct):
