@@ -221,14 +221,18 @@ class DeciderLoop:
         try:
             self.ready = True
             async for delivery in subscription:
-                for entry in delivery.entries:
-                    await self._take(entry, react)
+                # fold the whole entry first: reactions never see a decision in part
+                reactions = [entry for entry in delivery.entries if await self._take(entry)]
+                for entry in reactions:
+                    assert isinstance(entry, StoredEvent)
+                    await react(entry)
                 await delivery.ack()
         finally:
             self.ready = False
             await subscription.aclose()
 
-    async def _take(self, entry: Entry, react: Reaction) -> None:
+    async def _take(self, entry: Entry) -> bool:
+        """Fold one delivered entry; True if it is to be reacted to."""
         # React only to entries not folded before (own appends, and the start-up
         # rebuild, after which the service decided for every node; decisions are
         # made from the state, so such a skipped reaction loses nothing), or folded
@@ -240,9 +244,8 @@ class DeciderLoop:
                 await self._catch_up()
                 if not self._rejection_recorded(entry.seq):
                     await self._set_aside(entry)
-            return
+            return False
         key = (entry.seq, entry.index)
         caught_up = key in self._caught_up
         self._caught_up.discard(key)
-        if new or caught_up:
-            await react(entry)
+        return new or caught_up
