@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from core_gwt import (
     NODE,
+    T0,
     given_state,
     gpu_uuid,
     gwt,
@@ -139,3 +140,25 @@ def test_a_static_pods_end_is_recorded_and_it_keeps_its_gpu_for_the_next_run() -
     )
     # its binding still counts while it does not run: a second pod of 60 goes to GPU 1
     gwt(given=ended, when=RegisterPod(manifest=static_manifest("b", 60)), then=bound("b", 60, 1))
+
+
+def test_verify_accepts_a_static_pod_running_again_on_its_gpu() -> None:
+    from gpupool.cli.audit import verify
+    from gpupool.eventlog import StoredEvent
+    from gpupool.events import Envelope
+
+    events = [
+        *STATIC,
+        *bound("a", 60, 0),
+        Released(pod=ref("a"), node=NODE, reason="completed", gpu_index=0, gpu_uuid=gpu_uuid(0)),
+        Assigned(pod=ref("a"), node=NODE, gpu_index=0, gpu_uuid=gpu_uuid(0)),
+    ]
+    entries = [
+        StoredEvent(
+            seq=seq,
+            subject="",
+            envelope=Envelope(id=str(seq), time=T0, event=event),
+        )
+        for seq, event in enumerate(events, start=1)
+    ]
+    assert verify(entries).violations == []

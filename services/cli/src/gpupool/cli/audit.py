@@ -675,6 +675,8 @@ class _Verifier:
                 entry, name, f"{event.pod} is registered on {pod.node}, not {event.node}"
             )
             return
+        if pod.policy == "static" and pod.phase == "dormant" and pod.gpu_index == event.gpu_index:
+            return  # a static pod runs again on the GPU it stays bound to: no new capacity
         if pod.gpu_index is not None:
             self.violation(
                 entry,
