@@ -162,3 +162,27 @@ def test_verify_accepts_a_static_pod_running_again_on_its_gpu() -> None:
         for seq, event in enumerate(events, start=1)
     ]
     assert verify(entries).violations == []
+
+
+def test_verify_accepts_a_bound_static_pod_losing_its_vanished_gpu() -> None:
+    from gpupool.cli.audit import verify
+    from gpupool.eventlog import StoredEvent
+    from gpupool.events import Envelope
+
+    events: list[Event] = [
+        *STATIC,
+        *bound("a", 60, 1),
+        Released(pod=ref("a"), node=NODE, reason="completed", gpu_index=1, gpu_uuid=gpu_uuid(1)),
+    ]
+    state = given_state(events)
+    from core_gwt import gpus
+
+    from gpupool.core import ReportInventory, decide
+
+    events += decide(state, ReportInventory(node=NODE, gpus=gpus(1), source="simulated"), T0)
+    assert any(isinstance(e, Released) and e.reason == "gpu-vanished" for e in events)
+    entries = [
+        StoredEvent(seq=seq, subject="", envelope=Envelope(id=str(seq), time=T0, event=event))
+        for seq, event in enumerate(events, start=1)
+    ]
+    assert verify(entries).violations == []

@@ -763,7 +763,10 @@ class _Verifier:
         if event.gpu_index is None:
             if pod.phase != "ready":
                 self.violation(entry, name, f"{event.pod} left the queue while {pod.phase}")
-        elif pod.phase != "running" or pod.gpu_index != event.gpu_index:
+        elif pod.gpu_index != event.gpu_index or (
+            pod.phase != "running"
+            and not (pod.policy == "static" and event.reason == "gpu-vanished")
+        ):
             held = "no GPU" if pod.gpu_index is None else f"GPU {pod.gpu_index}"
             self.violation(
                 entry, name, f"{event.pod} released GPU {event.gpu_index} but holds {held}"
