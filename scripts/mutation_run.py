@@ -35,6 +35,7 @@ CORE = ROOT / "libs" / "core" / "src" / "gpupool" / "core"
 MODULES = {"placement": CORE / "placement.py", "preemption": CORE / "preemption.py"}
 TESTS = [
     "tests/unit/test_core_placement.py",
+    "tests/unit/test_core_reservation.py",
     "tests/unit/test_core_preemption.py",
     "tests/unit/test_core_worked_example.py",
     "tests/unit/test_core_static.py",
@@ -183,13 +184,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", choices=sorted(MODULES), action="append")
     parser.add_argument("--limit", type=int, default=0, help="at most this many mutants per module")
+    parser.add_argument(
+        "--line", type=int, action="append", help="only mutants on this source line (repeatable)"
+    )
     args = parser.parse_args()
     survivors: list[str] = []
     workdir = tempfile.TemporaryDirectory(prefix="gpupool-mutants-")
     copy_root = Path(workdir.name)
     shutil.copytree(CORE.parents[1], copy_root, dirs_exist_ok=True)  # libs/core/src
     try:
-        run_all(args.module or sorted(MODULES), args.limit, copy_root, survivors)
+        run_all(args.module or sorted(MODULES), args.limit, args.line, copy_root, survivors)
     finally:
         workdir.cleanup()
     print()
@@ -199,10 +203,12 @@ def main() -> int:
     return 1 if survivors else 0
 
 
-def run_all(names: list[str], limit: int, copy_root: Path, survivors: list[str]) -> None:
+def run_all(
+    names: list[str], limit: int, lines: list[int] | None, copy_root: Path, survivors: list[str]
+) -> None:
     for name in names:
         path = MODULES[name]
-        todo = mutants(path)
+        todo = [m for m in mutants(path) if not lines or m.line in lines]
         if limit:
             todo = todo[:limit]
         for number, mutant in enumerate(todo, start=1):
