@@ -77,3 +77,9 @@ chart:
 [group('bench')]
 bench:
     for b in bench/bench_*.py; do echo "== $b"; uv run python "$b"; done
+
+# mutation run over the core's placement and preemption (slow; not part of `test`):
+# survivors are listed, with what kills or explains each, in docs/testing.md
+[group('test')]
+mutation *ARGS:
+    uv run python scripts/mutation_run.py {{ARGS}}

@@ -13,7 +13,13 @@ replay of that stream (an ordered consumer counting messages) against a service'
 rebuild from it (replay, decode, fold) from zero and from the snapshot. The rebuild
 keeps statistics (metrics_projection), as the admission-queue service does.
 
-Prints a table; no assertions (the numbers depend on the machine), except that the
+A third table restarts a service (a DeciderLoop, as every service runs) on the full stream,
+from a snapshot taken at its end and from zero, with its durable consumer left behind by
+the instance before having acknowledged nothing: the time until it reacts to a live entry,
+and how many messages its durable delivered (1: the live entry only; no folded entry is
+delivered a second time).
+
+Prints tables; no assertions (the numbers depend on the machine), except that the
 resumed projection equals the one rebuilt from zero.
 """
 
@@ -27,7 +33,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from contextlib import suppress
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
@@ -45,13 +52,14 @@ from gpupool.core.simulation import (
 )
 from gpupool.eventlog import JetStreamEventLog, StoredEvent, subject_for
 from gpupool.eventlog.nats_server import run_nats_server
-from gpupool.events import Envelope, decode_envelope, encode_envelope
+from gpupool.events import Envelope, MessageRejected, decode_envelope, encode_envelope
 from gpupool.observability import (
     Projection,
     decode_snapshot,
     encode_snapshot,
     metrics_projection,
 )
+from gpupool.runtime.decider import DeciderLoop
 
 TEMPLATES = 12
 PODS_PER_NODE = 24
@@ -286,14 +294,21 @@ async def jetstream_phase(
             rebuilt = metrics_projection()
             async for entry in log.replay():
                 assert isinstance(entry, StoredEvent)
-                rebuilt.apply(entry.seq, entry.envelope)
+                rebuilt.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
             zero = time.perf_counter() - start
             start = time.perf_counter()
             resumed = Projection.from_snapshot(decode_snapshot(snapshot))
             async for entry in log.replay(from_seq=cut + 1):
                 assert isinstance(entry, StoredEvent)
-                resumed.apply(entry.seq, entry.envelope)
+                resumed.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
             from_snapshot = time.perf_counter() - start
+            restarts = [
+                await restarted_service(
+                    log, "snapshot", Projection.from_snapshot(decode_snapshot(snapshot_end))
+                )
+                for snapshot_end in [encode_snapshot(rebuilt.to_snapshot())]
+            ]
+            restarts.append(await restarted_service(log, "zero", metrics_projection()))
             await log.close()
     assert rebuilt.state == from_zero.state == resumed.state
     assert rebuilt.statistics == resumed.statistics
@@ -313,6 +328,50 @@ async def jetstream_phase(
             f"{seconds / raw:>7.2f}"
         )
     print("rebuilt from JetStream == resumed from the snapshot == rebuilt in memory: yes")
+    print()
+    print(
+        "restarted service (its durable left behind having acknowledged nothing): from start "
+        "to reacting to a live entry"
+    )
+    print(f"{'restart':<48} {'live after s':>12} {'deliveries':>11} {'replayed again':>15}")
+    for how, live_s, delivered in restarts:
+        print(f"{'from ' + how:<48} {live_s:>12.3f} {delivered:>11} {delivered - 1:>15}")
+
+
+async def restarted_service(
+    log: JetStreamEventLog, how: str, projection: Projection
+) -> tuple[str, float, int]:
+    """A service restarted from ``projection``: rebuild, subscribe, react to one live entry.
+
+    Its durable exists from before the restart and acknowledged nothing (the worst
+    case: a rollout right after a rebuild from zero). Returns how long until the live
+    entry was reacted to and how many messages the durable delivered (1: only it).
+    """
+    durable = f"bench-{how}"
+    await log._ensure_consumer(durable, "gpupool.log.>", 1)  # the one left behind
+    start = time.perf_counter()
+    loop = DeciderLoop(log, service=f"bench-{how}", projection=projection)
+    await loop.rebuild()
+    live = asyncio.Event()
+
+    async def react(_: StoredEvent) -> None:
+        live.set()
+
+    consumer = asyncio.create_task(loop.consume(durable, react))
+    await log.append(
+        Envelope(
+            id=f"live-{how}-{time.time_ns()}",
+            time=datetime.now(UTC),
+            event=MessageRejected(subject="bench", reason="a live entry", payload=""),
+        )
+    )
+    await live.wait()
+    live_s = time.perf_counter() - start
+    consumer.cancel()
+    with suppress(asyncio.CancelledError):
+        await consumer
+    info = await log._js.consumer_info(log.stream, durable)
+    return how, live_s, info.delivered.consumer_seq or 0
 
 
 if __name__ == "__main__":

@@ -291,16 +291,66 @@ async def test_append_many_without_expectation_keeps_order_and_dedupes(event_log
     assert [envelope_of(e) for e in await collect(event_log)] == envelopes
 
 
-async def test_append_many_chains_the_expectation(event_log: EventLog) -> None:
+async def test_append_many_with_an_expectation_is_one_decision_entry(event_log: EventLog) -> None:
     first = await event_log.append(wrap(ready(node="n")), expected_node_seq=0)
     batch = [wrap(assigned(node="n", pod=f"p{i}")) for i in range(3)]
 
     seqs = await event_log.append_many(batch, expected_node_seq=first)
 
-    assert seqs == [first + 1, first + 2, first + 3]
-    with pytest.raises(ConcurrencyConflict) as caught:
+    assert seqs == [first + 1] * 3
+    assert await event_log.last_seq() == first + 1
+    with pytest.raises(ConcurrencyConflict):
         await event_log.append_many([wrap(ready(node="n", pod="late"))], expected_node_seq=first)
-    assert caught.value.appended == ()
+    assert await event_log.last_seq() == first + 1
+
+
+async def test_a_decision_is_committed_whole_or_not_at_all(event_log: EventLog) -> None:
+    """Finding 1: a decision's events can no longer land in part, with a writer between them."""
+    decision = [wrap(ready(node="n", pod="a")), wrap(assigned(node="n", pod="a"))]
+    rival = await event_log.append(wrap(ready(node="n", pod="rival")), expected_node_seq=0)
+
+    with pytest.raises(ConcurrencyConflict):
+        await event_log.append_decision(decision, expected_node_seq=0)
+
+    entries = await collect(event_log, node="n")
+    assert [e.seq for e in entries] == [rival]  # nothing of the refused decision landed
+    seq = await event_log.append_decision(decision, expected_node_seq=rival)
+    assert await event_log.append_decision(decision, expected_node_seq=rival) == seq  # dedupe
+    entries = await collect(event_log, node="n")
+    stored = [e for e in entries if e.seq == seq]
+    assert [envelope_of(e) for e in stored] == decision
+    assert [(e.index, e.last) for e in stored if isinstance(e, StoredEvent)] == [
+        (0, False),
+        (1, True),
+    ]
+
+
+async def test_a_decision_entry_is_delivered_as_one_message(event_log: EventLog) -> None:
+    decision = [wrap(ready(node="n", pod="a")), wrap(assigned(node="n", pod="a"))]
+    seq = await event_log.append_decision(decision, expected_node_seq=0)
+    async with event_log.subscribe(durable="whole") as subscription:
+        delivery = await asyncio.wait_for(anext(subscription), WAIT_S)
+        assert [entry.seq for entry in delivery.entries] == [seq, seq]
+        assert [envelope_of(entry) for entry in delivery.entries] == decision
+        await delivery.ack()
+
+
+async def test_a_durable_starts_where_its_subscriber_folded_to(
+    event_log: EventLog, reopen: Reopen
+) -> None:
+    """Finding 8: a service rebuilt from zero is not handed the folded log a second time."""
+    seqs = [await event_log.append(wrap(ready(node="n", pod=f"p{i}"))) for i in range(5)]
+    async with event_log.subscribe(durable="late", from_seq=seqs[3]) as subscription:
+        delivery = await asyncio.wait_for(anext(subscription), WAIT_S)
+        assert delivery.entry.seq == seqs[3]
+        await delivery.ack()
+    # a known durable that acknowledged less than its subscriber folded starts after that
+    again = await reopen()
+    async with again.subscribe(durable="late", from_seq=seqs[4] + 1) as subscription:
+        later = await again.append(wrap(ready(node="n", pod="later")))
+        delivery = await asyncio.wait_for(anext(subscription), WAIT_S)
+        assert delivery.entry.seq == later
+        await delivery.ack()
 
 
 async def test_append_many_with_expectation_needs_one_node(event_log: EventLog) -> None:

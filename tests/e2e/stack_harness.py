@@ -89,8 +89,9 @@ async def follow_log(
             try:
                 async for delivery in subscription:
                     await delivery.ack()
-                    if isinstance(delivery.entry, StoredEvent):
-                        seen.append(delivery.entry.envelope)
+                    for entry in delivery.entries:
+                        if isinstance(entry, StoredEvent):
+                            seen.append(entry.envelope)
                     if condition(seen):
                         return seen
             finally:

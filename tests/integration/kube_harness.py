@@ -287,14 +287,21 @@ class PolicyInKubernetesMode:
         server: kmock_lib.KubernetesEmulator,
         adapter: KubernetesAsyncioApi,
         settings: NodeStatusSettings | None = None,
+        logged: list[Event] | None = None,
     ) -> None:
         self.server = server
         self.activity = Activity()
         self.clock = ManualClock()
         self.core = CoreSubmitter(self.clock, self.activity)
+        if logged:  # what the log held before this (re)start
+            apply(self.core.state, logged, self.clock())
         self.api = ObservedApi(adapter, self.activity)
         self.controllers = KubernetesControllers(
-            self.api, self.core, settings=settings, clock=self.clock
+            self.api,
+            self.core,
+            settings=settings,
+            clock=self.clock,
+            registered_nodes=lambda: {pod.node for pod in self.core.state.pods.values()},
         )
 
     async def until(self, predicate: Callable[[], bool], within: float = 10.0) -> None:
@@ -318,12 +325,17 @@ class PolicyInKubernetesMode:
 
 @contextlib.asynccontextmanager
 async def policy_in_kubernetes_mode(
-    server: kmock_lib.KubernetesEmulator, settings: NodeStatusSettings | None = None
+    server: kmock_lib.KubernetesEmulator,
+    settings: NodeStatusSettings | None = None,
+    *,
+    logged: list[Event] | None = None,
 ) -> AsyncIterator[PolicyInKubernetesMode]:
-    """Start the controllers against ``server``; objects created before are seen by the first list."""
+    """Start the controllers against ``server``; objects created before are seen by the first list.
+
+    ``logged``: events the log held before this start (a restarted policy service)."""
     declare_resources(server)
     async with await connect(server) as adapter:
-        world = PolicyInKubernetesMode(server, adapter, settings)
+        world = PolicyInKubernetesMode(server, adapter, settings, logged)
         async with running(world.controllers.run()):
             await watches_are_live(world)
             yield world

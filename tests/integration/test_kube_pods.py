@@ -23,11 +23,14 @@ from gpupool.events import (
     Assigned,
     Envelope,
     GpuInfo,
+    GpuInventoryReported,
+    NodeConfigured,
     PodRef,
     PodRegistered,
     PodRejected,
     PodRemoved,
     Preempted,
+    Share,
 )
 
 PODS = "/api/v1/namespaces/default/pods"
@@ -241,3 +244,39 @@ def _shown(event: dict[str, Any]) -> tuple[str, str, str, str, str]:
         event["message"],
         event["lastTimestamp"],
     )
+
+
+def logged_pod(name: str, uid: str) -> PodRegistered:
+    return PodRegistered(
+        pod=PodRef(namespace="default", name=name),
+        node=SOURCE_NODE,
+        policy="share-pool",
+        requests=Share(core=10, memory=10),
+        limits=Share(core=100, memory=100),
+        uid=uid,
+    )
+
+
+async def test_at_start_the_log_is_reconciled_with_the_cluster(
+    kmock: kmock.KubernetesEmulator,
+) -> None:
+    """Finding 4: pods deleted while the policy service was down stayed registered for ever,
+    and a pod recreated under the same name was refused as AlreadyRegistered."""
+    await kubectl(kmock, "POST", "/api/v1/nodes", node_object(labels={POLICY_LABEL: "share-pool"}))
+    await kubectl(kmock, "POST", PODS, share_pod("recreated"))
+    before_restart = [
+        GpuInventoryReported(
+            node=SOURCE_NODE,
+            gpus=(GpuInfo(index=0, uuid="GPU-0", memory_mib=81920),),
+            source="simulated",
+        ),
+        NodeConfigured(node=SOURCE_NODE, policy="share-pool", gpu_count=1),
+        logged_pod("gone", "uid-of-a-deleted-pod"),
+        logged_pod("recreated", "uid-of-the-earlier-recreated"),
+    ]
+    async with policy_in_kubernetes_mode(kmock, logged=before_restart) as world:
+        await world.until(lambda: "recreated" in registered(world))
+        assert removed(world) >= {"gone", "recreated"}
+        assert registered(world)["recreated"].uid == "uid-default-recreated"
+        assert "recreated" not in rejected(world)
+        assert set(p.name for p in world.core.state.pods) == {"recreated"}

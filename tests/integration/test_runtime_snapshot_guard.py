@@ -10,9 +10,9 @@ from pathlib import Path
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.cli.local_stack import http_get
 from gpupool.eventlog.nats_server import run_nats_server
-from gpupool.observability.projection import metrics_projection
-from gpupool.observability.snapshot_store import FileSnapshotStore, save_projection
+from gpupool.runtime.projection import metrics_projection
 from gpupool.runtime.service import ServiceOptions, run_service
+from gpupool.runtime.snapshot_store import FileSnapshotStore, save_projection
 
 
 async def test_a_snapshot_from_a_longer_log_is_set_aside(tmp_path: Path) -> None:

@@ -211,3 +211,13 @@ def topology(
         events.append(registered(queued.name, 1, queued.limit, priority=queued.priority, node=node))
         events.append(PodReady(pod=ref(queued.name), node=node))
     return events
+
+
+def only_event(given: Sequence[Given], when: Command, *, now: datetime = T0) -> Event:
+    """The one event ``when`` decides after ``given`` (decide must not touch the state)."""
+    state = given_state(given)
+    before = copy.deepcopy(state)
+    events = decide(state, when, now)
+    assert state == before, "decide mutated the state"
+    assert len(events) == 1, events
+    return events[0]

@@ -51,6 +51,7 @@ from gpupool.events import (
     Preempted,
     Released,
     ReleaseReason,
+    Share,
 )
 
 
@@ -121,7 +122,9 @@ STEP_KINDS = [
     "register",
     *["advance"] * 2,
     "release-victims",
+    "inventory",
 ]
+"""``inventory``: the node's executor reports ``minutes % 4 + 1`` GPUs (shrinks or grows it)."""
 
 
 @st.composite
@@ -176,6 +179,10 @@ class Driver:
     overtaken: int = 0
     became_ready: dict[PodRef, int] = field(default_factory=dict)
     """Where in the log each pod last became ready: the FIFO order within a priority."""
+    shrunk: set[str] = field(default_factory=set)
+    processes: dict[PodRef, tuple[str, int, Share, bool]] = field(default_factory=dict)
+    """The executor's view: pods whose processes run, on (node, GPU, share, static).
+    A process starts at Assigned and ends just before the executor reports its release."""
 
     def run(self, command: Command) -> list[Event]:
         events = decide(self.state, command, self.now)
@@ -190,16 +197,26 @@ class Driver:
         for _ in range(1000):
             assigned = self.run(Schedule(node=node))
             preempted = self.run(PlanPreemption(node=node))
-            if self.case.release_at_once:
-                self.release_victims(node)
-            if not assigned and not preempted:
+            released = self.release_victims(node) if self.case.release_at_once else False
+            if not assigned and not preempted and not released:
                 return
         raise AssertionError("the node never settled")
 
-    def release_victims(self, node: str) -> None:
+    def release_victims(self, node: str) -> bool:
+        """The executor ends what is releasing (preempted or deleted), then records it."""
+        released = False
         for pod in self.state.pods_on(node):
             if pod.evicted_by is not None:
-                self.run(ReportRelease(pod=pod.ref, node=node, reason="preempted"))
+                self.processes.pop(pod.ref, None)
+                released |= bool(
+                    self.run(ReportRelease(pod=pod.ref, node=node, reason="preempted"))
+                )
+            elif pod.removed:
+                self.processes.pop(pod.ref, None)
+                released |= bool(
+                    self.run(ReportRelease(pod=pod.ref, node=node, reason="cancelled"))
+                )
+        return released
 
     def start(self) -> None:
         for spec in self.case.nodes:
@@ -222,6 +239,18 @@ class Driver:
             self.now += timedelta(minutes=step.minutes)
         elif step.kind == "release-victims":
             self.release_victims(self.case.nodes[step.target % len(self.case.nodes)].name)
+        elif step.kind == "inventory":
+            name = self.case.nodes[step.target % len(self.case.nodes)].name
+            if step.minutes % 4 + 1 < len(self.state.node(name).gpus):
+                self.shrunk.add(name)
+            for event in self.run(
+                ReportInventory(
+                    node=name, gpus=gpus(step.minutes % 4 + 1, name), source="simulated"
+                )
+            ):
+                if isinstance(event, Released):
+                    # a vanished GPU: no process can use it any more (the executor ends them)
+                    self.processes.pop(event.pod, None)
         else:
             self.pod_step(step)
         for spec in self.case.nodes:
@@ -260,6 +289,7 @@ class Driver:
         elif step.kind == "delete":
             self.run(RemovePod(pod=pod, node=node.name))
         else:
+            self.processes.pop(pod, None)  # the process ended: then its release is reported
             self.run(ReportRelease(pod=pod, node=node.name, reason=releases[step.kind]))
 
     # ------------------------------------------------------------------ per event
@@ -275,8 +305,23 @@ class Driver:
                     f"{event.pod} assigned twice without a release"
                 )
                 self.holding[event.pod] = True
+                assigned = self.state.pods[event.pod]
+                static = assigned.policy == "static"
+                self.processes[event.pod] = (
+                    event.node,
+                    event.gpu_index,
+                    assigned.requests if static else assigned.limits,
+                    static,
+                )
                 if isinstance(command, Schedule):
                     self.check_queue_order(event)
+            case Released(reason="gpu-vanished"):
+                pod = self.state.pods[event.pod]
+                assert event.gpu_index == pod.gpu_index
+                assert self.holding.get(event.pod) or pod.policy == "static", (
+                    f"{event.pod} released a vanished GPU it did not hold"
+                )
+                self.holding[event.pod] = False
             case Released():
                 if event.gpu_index is None:
                     assert not self.holding.get(event.pod)
@@ -287,7 +332,7 @@ class Driver:
                     assert event.gpu_index == self.state.pods[event.pod].gpu_index
                 self.holding[event.pod] = False
             case PodRemoved():
-                self.holding[event.pod] = False
+                pass  # a pod holding a slot keeps it, releasing, until its Released
             case Preempted():
                 victim = self.state.pods[event.victim]
                 assert self.priorities[event.victim] <= self.priorities[event.preemptor]
@@ -324,19 +369,37 @@ class Driver:
 
     # ------------------------------------------------------------------ per step
 
+    def check_processes(self) -> None:
+        """No GPU ever shared beyond its limits while a process still runs (finding 2)."""
+        used: dict[tuple[str, int, bool], list[int]] = {}
+        for node, gpu, held, static in self.processes.values():
+            total = used.setdefault((node, gpu, static), [0, 0])
+            total[0] += held.core
+            total[1] += held.memory
+        for (node, gpu, _), (core, memory) in used.items():
+            assert core <= 100 and memory <= 100, (
+                f"GPU {gpu} of {node} shared beyond its limits by live processes: {core}/{memory}"
+            )
+
     def check_state(self) -> None:
+        self.check_processes()
         state = self.state
         assert fold(self.log) == state, "folding the log from scratch differs from the live state"
         for name, node in state.nodes.items():
             pods = state.pods_on(name)
+            present = {gpu.index for gpu in node.gpus}
+            for pod in pods:
+                if pod.gpu_index is not None:
+                    assert pod.gpu_index in present, f"{pod.ref} holds a GPU not in the inventory"
             for used in gpu_usage(node, pods).values():
                 assert used.core <= 100 and used.memory <= 100
             for used in static_usage(node, pods).values():
                 assert used.core <= 100 and used.memory <= 100
-            requested_core = sum(p.requests.core for p in pods)
-            requested_memory = sum(p.requests.memory for p in pods)
-            assert requested_core <= node.allocatable_percent
-            assert requested_memory <= node.allocatable_percent
+            if name not in self.shrunk:  # pods admitted before a shrink stay registered
+                requested_core = sum(p.requests.core for p in pods)
+                requested_memory = sum(p.requests.memory for p in pods)
+                assert requested_core <= node.allocatable_percent
+                assert requested_memory <= node.allocatable_percent
             positions = queue_positions(state, name)
             assert sorted(positions.values()) == list(range(1, len(positions) + 1))
             assert set(positions) == {p.ref for p in pods if p.phase == "ready"}
@@ -356,13 +419,15 @@ class Driver:
             homes = [name for name, node in state.nodes.items() if pod_ref in node.pods]
             assert homes == [pod.node]
             assert pod.phase in ("dormant", "ready", "running")
-            assert (pod.phase == "running") == (pod.gpu_index is not None)
+            if pod.policy == "share-pool":
+                assert (pod.phase == "running") == (pod.gpu_index is not None)
+            else:  # a static pod keeps its binding between runs; unbound, it waits dormant
+                assert pod.gpu_index is not None or pod.phase == "dormant"
+            assert not pod.removed or pod.phase == "running", "only a slot holder is releasing"
             assert (pod.phase == "running") == (pod.running_since is not None)
             assert (pod.phase == "ready") == (pod.ready_since is not None)
             assert pod.evicted_by is None or pod.phase == "running"
             assert (pod.phase == "running") == bool(self.holding.get(pod_ref))
-            if pod.policy == "static":
-                assert pod.phase == "running"
         for node in state.nodes.values():
             assert all(pod_ref in state.pods for pod_ref in node.pods)
 

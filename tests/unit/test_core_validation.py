@@ -58,6 +58,7 @@ from gpupool.events import (
     NodeConfigured,
     NodeDisabled,
     NodeRejected,
+    PodReady,
     PodRegistered,
     PodRejected,
     PodRemoved,
@@ -238,6 +239,39 @@ STATIC_NODE: list[Given] = list(node_events(2, policy="static"))
 DECIDE_REJECTIONS = [
     pytest.param(
         [], RegisterPod(manifest=manifest()), "NodeNotEnabled", id="register-unknown-node"
+    ),
+    pytest.param(
+        [
+            *STATIC_NODE,
+            registered("a", 60, policy="static"),
+            Assigned(pod=ref("a"), node=NODE, gpu_index=0, gpu_uuid=gpu_uuid(0)),
+            PodRemoved(pod=ref("a"), node=NODE),
+        ],
+        RegisterPod(manifest=manifest("a", policy="static", uid="uid-recreated")),
+        "PreviousPodReleasing",
+        id="recreated-while-the-deleted-one-releases",
+    ),
+    pytest.param(
+        [
+            *SHARE_NODE,
+            registered("a", 60),
+            PodReady(pod=ref("a"), node=NODE),
+            Assigned(pod=ref("a"), node=NODE, gpu_index=0, gpu_uuid=gpu_uuid(0)),
+            PodRemoved(pod=ref("a"), node=NODE),
+        ],
+        RequestGpu(pod=ref("a"), node=NODE),
+        "PodDeleted",
+        id="request-for-a-deleted-releasing-pod",
+    ),
+    pytest.param(
+        [
+            GpuInventoryReported(node=NODE, gpus=(), source="simulated"),
+            NodeConfigured(node=NODE, policy="static", gpu_count=2),
+            registered("a", 60, policy="static"),
+        ],
+        RequestGpu(pod=ref("a"), node=NODE),
+        "NoStaticGpu",
+        id="static-pod-waiting-for-its-gpu",
     ),
     pytest.param(
         [*SHARE_NODE, NodeDisabled(node=NODE)],

@@ -112,6 +112,7 @@ EXPECTED: dict[str, Event] = {
         reason="not a gpupool envelope: JSON is malformed: invalid character (byte 4)",
         payload="not json",
         node=NODELESS,
+        seq=7,
     ),
 }
 
@@ -182,7 +183,7 @@ def test_v1_fractions_become_percentages() -> None:
     assert raw["event"]["limits"] == {"core": 1.0, "memory": 0.75}
 
 
-@pytest.mark.parametrize("version", [99, 3, 0, -1])
+@pytest.mark.parametrize("version", [99, 4, 0, -1])
 def test_an_unknown_schema_version_fails_loudly(version: int) -> None:
     raw = json.loads((GOLDEN / "PodReady.json").read_bytes())
     raw["schema"] = version
@@ -232,6 +233,20 @@ def test_an_unknown_schema_version_fails_loudly(version: int) -> None:
 def test_garbage_fails_with_event_decode_error(data: bytes) -> None:
     with pytest.raises(EventDecodeError):
         decode_envelope(data)
+
+
+def test_a_rejection_written_before_it_named_its_sequence_reads_with_sequence_zero() -> None:
+    data = (GOLDEN / "v2" / "MessageRejected-before-seq.json").read_bytes()
+    assert "seq" not in json.loads(data)["event"]
+    decoded = decode_envelope(data)
+    assert decoded.event == msgspec.structs.replace(EXPECTED["MessageRejected"], seq=0)
+
+
+def test_a_decision_entry_is_not_read_as_one_envelope() -> None:
+    raw = json.loads((GOLDEN / "PodReady.json").read_bytes())
+    entry = json.dumps({"schema": 3, "envelopes": [raw, raw]}).encode()
+    with pytest.raises(EventDecodeError, match="decode_entry"):
+        decode_envelope(entry)
 
 
 def test_unknown_fields_are_ignored_and_missing_defaults_filled() -> None:

@@ -14,7 +14,7 @@ from gpupool.node_executor.inventory import (
     sampler_for,
     select_inventory,
 )
-from gpupool.runtime.metrics import executor_registry, metrics_projection
+from gpupool.observability.service_metrics import executor_registry, metrics_projection
 
 
 class FixedSampler:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
@@ -11,6 +12,7 @@ import pytest
 from observability_logs import LogEntry, exposition, fold, random_log
 
 from gpupool.core import NodeState, PodState, State
+from gpupool.events import Envelope, PodReady, PodRef
 from gpupool.observability import (
     SNAPSHOT_FORMAT,
     FileSnapshotStore,
@@ -23,7 +25,7 @@ from gpupool.observability import (
     metrics_registry,
     save_projection,
 )
-from gpupool.observability.snapshot import NodeRecord, PodRecord, StateRecord
+from gpupool.runtime.snapshot import NodeRecord, PodRecord, StateRecord
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +221,19 @@ async def test_a_failed_write_leaves_the_previous_snapshot_whole(
     projection, _ = await load_projection(store)
     assert projection.last_seq == first
     assert os.listdir(tmp_path) == ["projection.snapshot"]
+
+
+def test_a_snapshot_taken_inside_a_decision_entry_resumes_after_its_folded_part() -> None:
+    pod = PodRef(namespace="default", name="a")
+    parts = [
+        Envelope(
+            id=f"part-{i}", time=datetime(2025, 1, 1, tzinfo=UTC), event=PodReady(pod=pod, node="n")
+        )
+        for i in range(2)
+    ]
+    projection = Projection()
+    assert projection.apply(1, parts[0], index=0, last=False)
+    resumed = Projection.from_snapshot(decode_snapshot(encode_snapshot(projection.to_snapshot())))
+    assert not resumed.apply(1, parts[0], index=0, last=False)  # folded already: not again
+    assert resumed.apply(1, parts[1], index=1, last=True)
+    assert resumed.last_seq == 1

@@ -10,7 +10,7 @@ import msgspec
 from gpupool.core import State
 from gpupool.eventlog.port import Entry, StoredEvent, Undecodable
 from gpupool.events import Envelope, PodRef, Released
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 
 class Hold(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,7 +73,7 @@ def fold_until(entries: Sequence[Entry], until: datetime | None = None) -> Folde
             continue
         if until is not None and entry.envelope.time > until:
             break
-        folded.projection.apply(entry.seq, entry.envelope)
+        folded.projection.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
         folded.last = entry
         folded.entries += 1
     return folded

@@ -31,7 +31,7 @@ from gpupool.events import (
     Share,
     event_tag,
 )
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 StepKind = Literal[
     "registered",
@@ -132,7 +132,7 @@ def pod_history(entries: Sequence[LogEntry], pod: PodRef) -> History:
         event = envelope.event
         before = projection.state.pods.get(pod)
         held_since = before.running_since if before is not None else None
-        projection.apply(entry.seq, envelope)
+        projection.apply(entry.seq, envelope, index=entry.index, last=entry.last)
         state = projection.state
         mine = involves(event, pod)
         if isinstance(event, PodRegistered | PodRejected) and event.pod == pod:

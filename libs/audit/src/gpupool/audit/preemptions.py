@@ -10,7 +10,7 @@ import msgspec
 
 from gpupool.eventlog.port import Entry, StoredEvent, Undecodable
 from gpupool.events import Assigned, PodRef, Preempted, Released
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 
 class PreemptionRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,5 +76,5 @@ def preemptions(entries: Sequence[Entry], *, node: str | None = None) -> list[Pr
                     records[index] = msgspec.structs.replace(
                         record, preemptor_assigned_at=now, preemptor_gpu=event.gpu_index
                     )
-        projection.apply(entry.seq, envelope)
+        projection.apply(entry.seq, envelope, index=entry.index, last=entry.last)
     return records

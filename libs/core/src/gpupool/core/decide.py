@@ -2,7 +2,7 @@
 
 Which service sends which command (the deciders never execute anything):
 
-* policy: ConfigureNode, RegisterPod, RemovePod
+* policy: ConfigureNode, RegisterPod, RemovePod, ReconcilePods (after each first list)
 * node-executor: ReportInventory, RequestGpu, ReportRelease
 * admission-queue: Schedule (after every event on a node)
 * preemption: PlanPreemption (after every event on a node, and at the
@@ -11,7 +11,7 @@ Which service sends which command (the deciders never execute anything):
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import msgspec
 
@@ -82,6 +82,25 @@ class RemovePod(msgspec.Struct, frozen=True, kw_only=True):
     node: str
 
 
+class PresentPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A GPU-sharing pod the cluster has on a node, with its UID ("" if unknown)."""
+
+    pod: PodRef
+    uid: str = ""
+
+
+class ReconcilePods(msgspec.Struct, frozen=True, kw_only=True):
+    """After a (re)start's first list: the node's GPU-sharing pods the cluster has.
+
+    Pods registered in the log that the cluster no longer has (deleted while the
+    policy service was away), or has under another UID (deleted and recreated under
+    the same name), are removed; a recreated pod then registers as a new one.
+    """
+
+    node: str
+    present: tuple[PresentPod, ...]
+
+
 class RequestGpu(msgspec.Struct, frozen=True, kw_only=True):
     pod: PodRef
     node: str
@@ -107,6 +126,7 @@ Command = (
     | ReportInventory
     | RegisterPod
     | RemovePod
+    | ReconcilePods
     | RequestGpu
     | ReportRelease
     | Schedule
@@ -124,6 +144,8 @@ def decide(state: State, command: Command, now: datetime) -> list[Event]:
             return _register_pod(state, command.manifest)
         case RemovePod():
             return _remove_pod(state, command)
+        case ReconcilePods():
+            return _reconcile_pods(state, command)
         case RequestGpu():
             return _request_gpu(state, command)
         case ReportRelease():
@@ -197,10 +219,67 @@ def _names(pods: list[PodState]) -> str:
 
 
 def _report_inventory(state: State, command: ReportInventory) -> list[Event]:
+    """Record the inventory; in the same decision, release what held a vanished GPU and bind
+    the static pods that wait for one (a static pod registered before any inventory)."""
     node = state.nodes.get(command.node)
     if node is not None and node.gpus == command.gpus and node.inventory_source == command.source:
         return []
-    return [GpuInventoryReported(node=command.node, gpus=command.gpus, source=command.source)]
+    events: list[Event] = [
+        GpuInventoryReported(node=command.node, gpus=command.gpus, source=command.source)
+    ]
+    present = {gpu.index: gpu.uuid for gpu in command.gpus}
+    for pod in state.pods_on(command.node):
+        if pod.gpu_index is None:
+            continue
+        if present.get(pod.gpu_index) == pod.gpu_uuid or (
+            pod.gpu_uuid == "" and pod.gpu_index in present
+        ):
+            continue
+        events.append(
+            Released(
+                pod=pod.ref,
+                node=pod.node,
+                reason="gpu-vanished",
+                gpu_index=pod.gpu_index,
+                gpu_uuid=pod.gpu_uuid,
+            )
+        )
+    after = apply(state.copy(), events, _NO_TIME)
+    return events + bind_waiting_static_pods(after, command.node)
+
+
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
+"""The time folded into a planning copy (the decided events get theirs when appended)."""
+
+
+def bind_waiting_static_pods(state: State, node_name: str) -> list[Event]:
+    """Assigned for each registered static pod without a GPU that now fits one (in order)."""
+    node = state.nodes.get(node_name)
+    if node is None or node.policy != "static" or not node.gpus:
+        return []
+    pods = state.pods_on(node_name)
+    uuids = {gpu.index: gpu.uuid for gpu in node.gpus}
+    usage = {index: used for index, used in static_usage(node, pods).items() if index in uuids}
+    events: list[Event] = []
+    for pod in pods:
+        if pod.policy != "static" or pod.gpu_index is not None or pod.removed:
+            continue
+        gpu = choose_gpu(usage, pod.requests)
+        if gpu is None:
+            events.append(
+                PodRejected(
+                    pod=pod.ref,
+                    node=node_name,
+                    reason="NoStaticGpuFits",
+                    message=f"no GPU of {node_name!r} has {pod.requests.core}% compute and "
+                    f"{pod.requests.memory}% memory left for a static pod; it stays registered "
+                    "and is bound when the inventory changes",
+                )
+            )
+            continue
+        events.append(Assigned(pod=pod.ref, node=node_name, gpu_index=gpu, gpu_uuid=uuids[gpu]))
+        usage[gpu] = add(usage[gpu], pod.requests)
+    return events
 
 
 # --------------------------------------------------------------------------- pods
@@ -216,6 +295,13 @@ def _register_pod(state: State, manifest: PodManifest) -> list[Event]:
     if existing is not None:
         if existing.uid == manifest.uid and existing.node == manifest.node:
             return []
+        if existing.removed:
+            return reject(
+                "PreviousPodReleasing",
+                f"an earlier pod {ref} (uid {existing.uid or 'unknown'}) was deleted and its "
+                f"processes on {existing.node} are still being ended; register again once it "
+                "is released",
+            )
         return reject("AlreadyRegistered", f"pod {ref} is already registered on {existing.node}")
     spec = validate_pod(manifest)
     if isinstance(spec, Rejection):
@@ -254,9 +340,11 @@ def _register_pod(state: State, manifest: PodManifest) -> list[Event]:
         priority=manifest.priority,
         uid=manifest.uid,
     )
-    if spec.policy == "share-pool":
+    if spec.policy == "share-pool" or not node.gpus:
+        # a static pod bound before the node's inventory arrives waits for it, registered
         return [registered]
-    usage = static_usage(node, pods)
+    present = {gpu.index for gpu in node.gpus}
+    usage = {index: used for index, used in static_usage(node, pods).items() if index in present}
     gpu = choose_gpu(usage, spec.requests)
     if gpu is None:
         return reject(
@@ -270,9 +358,21 @@ def _register_pod(state: State, manifest: PodManifest) -> list[Event]:
 
 def _remove_pod(state: State, command: RemovePod) -> list[Event]:
     pod = state.pods.get(command.pod)
-    if pod is None:
+    if pod is None or pod.removed:
         return []
     return [PodRemoved(pod=command.pod, node=pod.node)]
+
+
+def _reconcile_pods(state: State, command: ReconcilePods) -> list[Event]:
+    present = {pod.pod: pod.uid for pod in command.present}
+    events: list[Event] = []
+    for pod in state.pods_on(command.node):
+        if pod.removed:
+            continue
+        uid = present.get(pod.ref)
+        if uid is None or (uid and pod.uid and uid != pod.uid):
+            events.append(PodRemoved(pod=pod.ref, node=pod.node))
+    return events
 
 
 def _request_gpu(state: State, command: RequestGpu) -> list[Event]:
@@ -287,8 +387,21 @@ def _request_gpu(state: State, command: RequestGpu) -> list[Event]:
         return reject(
             "WrongNode", f"pod {command.pod} is registered on {pod.node}, not {command.node}"
         )
+    if pod.removed:
+        return reject("PodDeleted", f"pod {command.pod} was deleted; its processes are being ended")
     if pod.policy == "static":
-        return []
+        if pod.phase != "dormant":
+            return []
+        if pod.gpu_index is None:
+            return reject(
+                "NoStaticGpu",
+                f"static pod {command.pod} has no GPU bound yet (the node's inventory has not "
+                "arrived, or no GPU had room); it is bound when one does",
+            )
+        # a static pod runs again on the GPU it stays bound to
+        return [
+            Assigned(pod=command.pod, node=pod.node, gpu_index=pod.gpu_index, gpu_uuid=pod.gpu_uuid)
+        ]
     node = state.nodes.get(pod.node)
     if node is None or not node.enabled:
         return reject("NodeNotEnabled", f"node {pod.node!r} does not have GPU sharing enabled")
@@ -307,8 +420,6 @@ def _report_release(state: State, command: ReportRelease) -> list[Event]:
 
     if pod is None:
         return reject("UnknownPod", f"pod {command.pod} is not registered for GPU sharing")
-    if pod.policy == "static":
-        return []
     if pod.phase == "running":
         return [
             Released(
@@ -334,9 +445,10 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
     if node is None or node.policy != "share-pool" or not node.gpus:
         return []
     pods = state.pods_on(node_name)
-    usage = gpu_usage(node, pods)
     workload = node_workload(pods)
     uuids = {gpu.index: gpu.uuid for gpu in node.gpus}
+    # only GPUs of the inventory can be chosen (a slot on a vanished one is being released)
+    usage = {index: used for index, used in gpu_usage(node, pods).items() if index in uuids}
     events: list[Event] = []
     queue = ready_queue(state, node_name)
     position = 0
@@ -364,7 +476,10 @@ def _plan_preemption(state: State, node_name: str, now: datetime) -> list[Event]
     node = state.nodes.get(node_name)
     if node is None:
         return []
-    usage = gpu_usage(node, state.pods_on(node_name))
+    present = {gpu.index for gpu in node.gpus}
+    usage = {
+        i: used for i, used in gpu_usage(node, state.pods_on(node_name)).items() if i in present
+    }
     plan = plan_preemption(state, node_name, usage, now)
     if plan is None:
         return []

@@ -44,7 +44,12 @@ def evolve(state: State, envelope: Envelope) -> State:
         case Released():
             pod = state.pods.get(event.pod)
             if pod is not None:
-                _to_dormant(pod)
+                if pod.removed:  # deleted while releasing: now its processes are gone
+                    _forget(state, pod)
+                elif pod.policy == "static" and event.reason != "gpu-vanished":
+                    _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
+                else:
+                    _to_dormant(pod)
         case Preempted():
             pod = state.pods.get(event.victim)
             if pod is not None:
@@ -63,9 +68,12 @@ def evolve(state: State, envelope: Envelope) -> State:
             )
             state.node(event.node).pods[event.pod] = None
         case PodRemoved():
-            pod = state.pods.pop(event.pod, None)
+            pod = state.pods.get(event.pod)
             if pod is not None:
-                state.node(pod.node).pods.pop(event.pod, None)
+                if pod.phase == "running":  # Releasing: the slot stays until Released
+                    pod.removed = True
+                else:
+                    _forget(state, pod)
         case PodRejected():
             pass
         case GpuInventoryReported():
@@ -85,8 +93,35 @@ def evolve(state: State, envelope: Envelope) -> State:
         case NodeRejected():
             state.node(event.node).rejection = (event.reason, event.message)
         case MessageRejected():
-            state.rejected_messages += 1
+            seq = event.seq or _rejected_seq_of_id(envelope.id)
+            if seq == 0 or seq not in state.rejected_sequences:
+                state.rejected_messages += 1
+            if seq:
+                state.rejected_sequences.add(seq)
     return state
+
+
+REJECTION_ID_PREFIX = "rejected-"
+"""Rejections written before MessageRejected named its sequence carry it in their id."""
+
+
+def _rejected_seq_of_id(envelope_id: str) -> int:
+    if envelope_id.startswith(REJECTION_ID_PREFIX):
+        tail = envelope_id[len(REJECTION_ID_PREFIX) :]
+        if tail.isdigit():
+            return int(tail)
+    return 0
+
+
+def _forget(state: State, pod: PodState) -> None:
+    state.pods.pop(pod.ref, None)
+    state.node(pod.node).pods.pop(pod.ref, None)
+
+
+def _static_ended(pod: PodState) -> None:
+    pod.phase = "dormant"
+    pod.running_since = None
+    pod.ready_since = None
 
 
 def _to_dormant(pod: PodState) -> None:

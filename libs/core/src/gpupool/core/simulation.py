@@ -205,6 +205,8 @@ class Simulator:
             preempted = self._run(PlanPreemption(node=node), now)
             for event in preempted:
                 if isinstance(event, Preempted):
+                    # the victim's run is over: its completion timer goes with it
+                    self._completion_due.pop(event.victim, None)
                     released = self._run(
                         ReportRelease(pod=event.victim, node=node, reason="preempted"), now
                     )
@@ -301,6 +303,10 @@ class Simulator:
                 events = self._release(ref, pod_node, "cancelled", None, now)
             case "delete":
                 events = self._run(RemovePod(pod=ref, node=pod_node), now)
+                pod = self.state.pods.get(ref)
+                if pod is not None and pod.removed:
+                    # the simulated executor ends its processes at once, then records it
+                    events += self._release(ref, pod_node, "cancelled", None, now)
             case "set-policy":
                 events = []
         for node in sorted({event_node(e) for e in events} | {pod_node}):
@@ -325,6 +331,7 @@ class Simulator:
                 policy_label=action.policy,
                 qos_annotation=action.qos if action.qos is not None else node.qos,
                 gpu_count=node.gpus,
+                exclusive_gpu_pods=tuple(node.exclusive_gpu_pods),
             ),
             now,
         )

@@ -39,6 +39,13 @@ class PodState:
     evicted_by: PodRef | None = None
     """Set by Preempted: the pod keeps its slot until its release is recorded."""
     evict_reason: PreemptReason | None = None
+    removed: bool = False
+    """Deleted while it held a slot: it keeps the slot until its Released is recorded."""
+
+    @property
+    def releasing(self) -> bool:
+        """Its processes are being ended (preempted or deleted): its slot still counts."""
+        return self.phase == "running" and (self.evicted_by is not None or self.removed)
 
 
 @dataclass(slots=True)
@@ -72,6 +79,8 @@ class State:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     pods: dict[PodRef, PodState] = field(default_factory=dict)
     rejected_messages: int = 0
+    rejected_sequences: set[int] = field(default_factory=set)
+    """Log sequences whose MessageRejected is folded: each is set aside once, forever."""
 
     def node(self, name: str) -> NodeState:
         """The node's state, created empty on first mention."""

@@ -38,7 +38,8 @@ from gpupool.eventlog.port import (
     Entry,
     EventLogClosed,
     check_one_node,
-    read_entry,
+    entry_subject,
+    read_entries,
 )
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
@@ -46,7 +47,7 @@ from gpupool.eventlog.subjects import (
     subject_for,
     subject_matches,
 )
-from gpupool.events import Envelope, encode_envelope, event_node
+from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
 
 logger = logging.getLogger(__name__)
 
@@ -178,16 +179,26 @@ class JetStreamEventLog:
     # ------------------------------------------------------------------ writing
 
     async def append(self, envelope: Envelope, *, expected_node_seq: int | None = None) -> int:
+        return await self.append_decision([envelope], expected_node_seq=expected_node_seq)
+
+    async def append_decision(
+        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+    ) -> int:
+        """One publish: a decision is one stream message, so it lands whole or not at all."""
         self._check_open()
+        if not envelopes:
+            raise ValueError("a decision holds at least one envelope")
+        envelope = envelopes[0]
         node = event_node(envelope.event)
         headers = {H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream}
         node_filter = node_subject_filter(node, prefix=self.subject_prefix)
         if expected_node_seq is not None:
             headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_node_seq)
             headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = node_filter
-        subject = subject_for(envelope.event, prefix=self.subject_prefix)
+        subject = entry_subject(envelopes, prefix=self.subject_prefix)
+        data = encode_envelope(envelope) if len(envelopes) == 1 else encode_entry(list(envelopes))
         try:
-            ack = await self._publish(subject, encode_envelope(envelope), headers)
+            ack = await self._publish(subject, data, headers)
         except nats.js.errors.APIError as exc:
             if exc.err_code != ERR_WRONG_LAST_SEQUENCE or expected_node_seq is None:
                 raise
@@ -207,21 +218,15 @@ class JetStreamEventLog:
     async def append_many(
         self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
     ) -> list[int]:
-        """Without an expectation, pipelined (publish_async); with one, chained one by one."""
+        """Without an expectation, pipelined (publish_async); with one, one decision entry."""
         self._check_open()
         if expected_node_seq is None:
             return await self._append_pipelined(envelopes)
         check_one_node(envelopes)
-        seqs: list[int] = []
-        expected = expected_node_seq
-        for envelope in envelopes:
-            try:
-                expected = await self.append(envelope, expected_node_seq=expected)
-            except ConcurrencyConflict as conflict:
-                conflict.appended = tuple(seqs)
-                raise
-            seqs.append(expected)
-        return seqs
+        if not envelopes:
+            return []
+        seq = await self.append_decision(envelopes, expected_node_seq=expected_node_seq)
+        return [seq] * len(envelopes)
 
     async def _append_pipelined(self, envelopes: Sequence[Envelope]) -> list[int]:
         """publish_async in windows; a window's acks are collected while the next one is sent."""
@@ -357,7 +362,8 @@ class JetStreamEventLog:
                 if seq > end:
                     return
                 last = seq
-                yield read_entry(seq, msg.subject, msg.data)
+                for entry in read_entries(seq, msg.subject, msg.data):
+                    yield entry
                 if seq >= end:
                     return
         finally:
@@ -365,13 +371,21 @@ class JetStreamEventLog:
             if not self._nc.is_closed:
                 await _quietly(subscription.unsubscribe(), "replay unsubscribe")
 
-    def subscribe(self, *, durable: str, node: str | None = None) -> JetStreamSubscription:
+    def subscribe(
+        self, *, durable: str, node: str | None = None, from_seq: int = 1
+    ) -> JetStreamSubscription:
         self._check_open()
         return JetStreamSubscription(
-            self, durable, node_subject_filter(node, prefix=self.subject_prefix)
+            self, durable, node_subject_filter(node, prefix=self.subject_prefix), from_seq
         )
 
-    async def _ensure_consumer(self, durable: str, subject_filter: str) -> None:
+    async def _ensure_consumer(self, durable: str, subject_filter: str, from_seq: int) -> None:
+        """The durable, created at ``from_seq``; recreated there if it acknowledged less.
+
+        A service folds the log before it subscribes; a durable that lags behind
+        that (a rebuild from zero, a snapshot newer than the acks) would hand it
+        every folded entry a second time.
+        """
         try:
             info = await self._js.consumer_info(self.stream, durable)
         except nats.js.errors.NotFoundError:
@@ -382,7 +396,18 @@ class JetStreamEventLog:
                     f"durable {durable!r} exists with filter {info.config.filter_subject!r}, "
                     f"not {subject_filter!r}"
                 )
-            return
+            acked = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+            if (acked or 0) + 1 >= from_seq:
+                return
+            logger.info(
+                "durable %s acknowledged up to %d, its subscriber folded up to %d: "
+                "starting it again after that",
+                durable,
+                acked or 0,
+                from_seq - 1,
+            )
+            await self._js.delete_consumer(self.stream, durable)
+        start = max(from_seq, 1)
         await self._js.add_consumer(
             self.stream,
             api.ConsumerConfig(
@@ -390,7 +415,10 @@ class JetStreamEventLog:
                 durable_name=durable,
                 description="gpupool event-log subscriber",
                 filter_subject=subject_filter,
-                deliver_policy=api.DeliverPolicy.ALL,
+                deliver_policy=api.DeliverPolicy.ALL
+                if start == 1
+                else api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=None if start == 1 else start,
                 ack_policy=api.AckPolicy.EXPLICIT,
                 ack_wait=self.ack_wait,
                 max_deliver=MAX_DELIVER,
@@ -433,17 +461,23 @@ class JetStreamEventLog:
 
 
 class JetStreamDelivery:
-    __slots__ = ("_done", "_entry", "_msg", "_subscription")
+    __slots__ = ("_done", "_entries", "_msg", "_subscription")
 
-    def __init__(self, subscription: JetStreamSubscription, msg: Msg, entry: Entry) -> None:
+    def __init__(
+        self, subscription: JetStreamSubscription, msg: Msg, entries: tuple[Entry, ...]
+    ) -> None:
         self._subscription = subscription
         self._msg = msg
-        self._entry = entry
+        self._entries = entries
         self._done = False
 
     @property
     def entry(self) -> Entry:
-        return self._entry
+        return self._entries[0]
+
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        return self._entries
 
     async def ack(self) -> None:
         if not self._done:
@@ -466,10 +500,13 @@ class JetStreamSubscription:
     durable gets those entries at once instead of after the ack wait.
     """
 
-    def __init__(self, log: JetStreamEventLog, durable: str, subject_filter: str) -> None:
+    def __init__(
+        self, log: JetStreamEventLog, durable: str, subject_filter: str, from_seq: int = 1
+    ) -> None:
         self._log = log
         self.durable = durable
         self.subject_filter = subject_filter
+        self.from_seq = from_seq
         self._inbox: asyncio.Queue[Msg | str | None] = asyncio.Queue()
         self._inbox_subject = ""
         self._nats_subscription: NatsSubscription | None = None
@@ -487,7 +524,7 @@ class JetStreamSubscription:
         await self.aclose()
 
     async def _start(self) -> None:
-        await self._log._ensure_consumer(self.durable, self.subject_filter)
+        await self._log._ensure_consumer(self.durable, self.subject_filter, self.from_seq)
         self._inbox_subject = self._log._nc.new_inbox()
         self._nats_subscription = await self._log._nc.subscribe(
             self._inbox_subject, cb=self._on_msg
@@ -520,7 +557,10 @@ class JetStreamSubscription:
             if self._requested <= 0:
                 await self._pull()
             try:
-                msg = await asyncio.wait_for(self._inbox.get(), timeout=2 * PULL_HEARTBEAT_S + 1)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that arrives together with a message (SIGTERM under a burst).
+                async with asyncio.timeout(2 * PULL_HEARTBEAT_S + 1):
+                    msg = await self._inbox.get()
             except TimeoutError:
                 # Not even a heartbeat: the pull request was lost (reconnect). Ask again.
                 self._requested = 0
@@ -537,7 +577,7 @@ class JetStreamSubscription:
             if status is None and msg.reply:
                 self._requested -= 1
                 delivery = JetStreamDelivery(
-                    self, msg, read_entry(_stream_seq(msg), msg.subject, msg.data)
+                    self, msg, read_entries(_stream_seq(msg), msg.subject, msg.data)
                 )
                 self._unacked[msg.reply] = delivery
                 return delivery

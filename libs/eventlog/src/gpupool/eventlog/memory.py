@@ -18,7 +18,8 @@ from gpupool.eventlog.port import (
     Entry,
     EventLogClosed,
     check_one_node,
-    read_entry,
+    entry_subject,
+    read_entries,
 )
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
@@ -26,7 +27,7 @@ from gpupool.eventlog.subjects import (
     subject_for,
     subject_matches,
 )
-from gpupool.events import Envelope, encode_envelope, event_node
+from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
 
 
 class _Record:
@@ -65,23 +66,36 @@ class InMemoryEventLog:
         self._seq_by_id[envelope.id] = seq
         return seq
 
+    async def append_decision(
+        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+    ) -> int:
+        self._check_open()
+        if len(envelopes) == 1:
+            return await self.append(envelopes[0], expected_node_seq=expected_node_seq)
+        subject = entry_subject(envelopes, prefix=self.subject_prefix)
+        entry_id = envelopes[0].id
+        known = self._seq_by_id.get(entry_id)
+        if known is not None:
+            return known
+        if expected_node_seq is not None:
+            node = event_node(envelopes[0].event)
+            actual = self._last_seq_matching(node_subject_filter(node, prefix=self.subject_prefix))
+            if actual != expected_node_seq:
+                raise ConcurrencyConflict(node=node, expected=expected_node_seq, actual=actual)
+        seq = self._store(subject, encode_entry(list(envelopes)))
+        self._seq_by_id[entry_id] = seq
+        return seq
+
     async def append_many(
         self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
     ) -> list[int]:
         if expected_node_seq is not None:
             check_one_node(envelopes)
-        seqs: list[int] = []
-        expected = expected_node_seq
-        for envelope in envelopes:
-            try:
-                seq = await self.append(envelope, expected_node_seq=expected)
-            except ConcurrencyConflict as conflict:
-                conflict.appended = tuple(seqs)
-                raise
-            seqs.append(seq)
-            if expected is not None:
-                expected = seq
-        return seqs
+            if not envelopes:
+                return []
+            seq = await self.append_decision(envelopes, expected_node_seq=expected_node_seq)
+            return [seq] * len(envelopes)
+        return [await self.append(envelope) for envelope in envelopes]
 
     async def append_raw(self, subject: str, data: bytes) -> int:
         self._check_open()
@@ -114,9 +128,12 @@ class InMemoryEventLog:
                 raise EventLogClosed("the in-memory event log was closed during a replay")
             record = self._records[seq - 1]
             if subject_matches(record.subject, subject_filter):
-                yield read_entry(seq, record.subject, record.data)
+                for entry in read_entries(seq, record.subject, record.data):
+                    yield entry
 
-    def subscribe(self, *, durable: str, node: str | None = None) -> MemorySubscription:
+    def subscribe(
+        self, *, durable: str, node: str | None = None, from_seq: int = 1
+    ) -> MemorySubscription:
         self._check_open()
         subject_filter = node_subject_filter(node, prefix=self.subject_prefix)
         consumer = self._consumers.get(durable)
@@ -127,6 +144,7 @@ class InMemoryEventLog:
                 f"durable {durable!r} exists with filter {consumer.subject_filter!r}, "
                 f"not {subject_filter!r}"
             )
+        consumer.skip_to(from_seq)
         return MemorySubscription(self, consumer)
 
     async def close(self) -> None:
@@ -145,9 +163,9 @@ class InMemoryEventLog:
                 return seq
         return 0
 
-    def _entry(self, seq: int) -> Entry:
+    def _entries(self, seq: int) -> tuple[Entry, ...]:
         record = self._records[seq - 1]
-        return read_entry(seq, record.subject, record.data)
+        return read_entries(seq, record.subject, record.data)
 
 
 class _MemoryConsumer:
@@ -171,21 +189,32 @@ class _MemoryConsumer:
                 return self.cursor
         return None
 
+    def skip_to(self, seq: int) -> None:
+        """Deliver nothing before ``seq`` (the subscriber folded it already)."""
+        if seq - 1 > self.cursor:
+            self.cursor = seq - 1
+        self.redeliver = [kept for kept in self.redeliver if kept >= seq]
+        heapq.heapify(self.redeliver)
+
     def give_back(self, seq: int) -> None:
         heapq.heappush(self.redeliver, seq)
 
 
 class MemoryDelivery:
-    __slots__ = ("_done", "_entry", "_subscription")
+    __slots__ = ("_done", "_entries", "_subscription")
 
-    def __init__(self, subscription: MemorySubscription, entry: Entry) -> None:
+    def __init__(self, subscription: MemorySubscription, entries: tuple[Entry, ...]) -> None:
         self._subscription = subscription
-        self._entry = entry
+        self._entries = entries
         self._done = False
 
     @property
     def entry(self) -> Entry:
-        return self._entry
+        return self._entries[0]
+
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        return self._entries
 
     async def ack(self) -> None:
         if not self._done:
@@ -218,7 +247,7 @@ class MemorySubscription:
             appended = self._log._appended
             seq = self._consumer.next_seq(self._log)
             if seq is not None:
-                delivery = MemoryDelivery(self, self._log._entry(seq))
+                delivery = MemoryDelivery(self, self._log._entries(seq))
                 self._consumer.outstanding.add(seq)
                 self._unacked[seq] = delivery
                 return delivery

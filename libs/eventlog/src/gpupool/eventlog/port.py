@@ -14,23 +14,30 @@ from typing import Protocol
 
 import msgspec
 
-from gpupool.eventlog.subjects import node_token
+from gpupool.eventlog.subjects import node_token, subject_for
 from gpupool.events import (
     NODELESS,
     Envelope,
     EventDecodeError,
     MessageRejected,
-    decode_envelope,
+    decode_entry,
     event_node,
 )
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
-    """An envelope as the log holds it: its stream sequence and subject."""
+    """An envelope as the log holds it: its stream sequence and subject.
+
+    A decision entry (several envelopes committed as one stream message) is read as
+    one StoredEvent per envelope, all with the entry's ``seq``: ``index`` is the
+    envelope's place in the entry and ``last`` marks the entry's final envelope.
+    """
 
     seq: int
     subject: str
     envelope: Envelope
+    index: int = 0
+    last: bool = True
 
 
 class Undecodable(msgspec.Struct, frozen=True):
@@ -48,9 +55,8 @@ Entry = StoredEvent | Undecodable
 class ConcurrencyConflict(Exception):
     """Another entry was appended for the node after the sequence the writer expected.
 
-    ``actual`` is the node's last sequence when the server knows it. For
-    ``append_many``, ``appended`` holds the sequences already committed before
-    the conflict (the batch is not atomic).
+    ``actual`` is the node's last sequence when the server knows it. Nothing of
+    the refused append was committed: a decision is one entry, all or nothing.
     """
 
     def __init__(
@@ -59,12 +65,10 @@ class ConcurrencyConflict(Exception):
         node: str,
         expected: int,
         actual: int | None = None,
-        appended: tuple[int, ...] = (),
     ) -> None:
         self.node = node
         self.expected = expected
         self.actual = actual
-        self.appended = appended
         actual_text = "unknown" if actual is None else str(actual)
         super().__init__(
             f"node {node or '<none>'!s}: expected last sequence {expected}, log has {actual_text}"
@@ -76,10 +80,16 @@ class EventLogClosed(RuntimeError):
 
 
 class Delivery(Protocol):
-    """One entry handed to a durable subscriber; ack when handled, nak to get it again."""
+    """One stream message handed to a durable subscriber; ack when handled, nak to get it again.
+
+    ``entries`` are its events (several for a decision entry, in order); ``entry`` is the first.
+    """
 
     @property
     def entry(self) -> Entry: ...
+
+    @property
+    def entries(self) -> tuple[Entry, ...]: ...
 
     async def ack(self) -> None: ...
 
@@ -113,13 +123,25 @@ class EventLog(Protocol):
         """
         ...
 
+    async def append_decision(
+        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+    ) -> int:
+        """Append the envelopes of one decision as ONE entry (all or nothing); return its sequence.
+
+        All envelopes must be for one node. One envelope is written as a plain
+        envelope entry, several as a decision entry (docs/eventlog.md). The entry is
+        deduplicated by the first envelope's id; ``expected_node_seq`` as for ``append``.
+        """
+        ...
+
     async def append_many(
         self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
     ) -> list[int]:
-        """Append several envelopes in order and return their sequences.
+        """Append several envelopes and return their sequences.
 
-        With ``expected_node_seq`` all envelopes must be for one node; the first
-        expects ``S``, each next one the sequence of the one before it.
+        Without an expectation each envelope is its own entry (bulk loading; not
+        atomic). With ``expected_node_seq`` they are one decision: one entry, as
+        :meth:`append_decision`, and every envelope reports that entry's sequence.
         """
         ...
 
@@ -135,11 +157,15 @@ class EventLog(Protocol):
         """Every entry present when called, from ``from_seq`` on, in order; then it stops."""
         ...
 
-    def subscribe(self, *, durable: str, node: str | None = None) -> Subscription:
+    def subscribe(
+        self, *, durable: str, node: str | None = None, from_seq: int = 1
+    ) -> Subscription:
         """Live entries for a durable consumer: explicit ack, at-least-once.
 
-        A new durable starts at the beginning of the log; a known one resumes after
-        what it acknowledged. Unacknowledged entries are delivered again.
+        A new durable starts at ``from_seq``; a known one resumes after what it
+        acknowledged, or at ``from_seq`` if that is further on (the caller already
+        folded everything before it: a service resumes where its rebuild ended).
+        Unacknowledged entries are delivered again.
         """
         ...
 
@@ -149,21 +175,51 @@ class EventLog(Protocol):
 
 
 def check_one_node(envelopes: Sequence[Envelope]) -> None:
-    """``append_many`` with an expectation chains one node's sequence: all envelopes must share it."""
+    """A decision entry is one node's: all its envelopes must share the node."""
     tokens = {node_token(event_node(envelope.event)) for envelope in envelopes}
     if len(tokens) > 1:
         raise ValueError(
-            "append_many with expected_node_seq needs envelopes of one node, got "
-            + ", ".join(sorted(tokens))
+            "a decision entry needs envelopes of one node, got " + ", ".join(sorted(tokens))
         )
 
 
-def read_entry(seq: int, subject: str, data: bytes) -> Entry:
-    """Decode the bytes of one log entry; garbage becomes :class:`Undecodable`, never an error."""
+def read_entries(seq: int, subject: str, data: bytes) -> tuple[Entry, ...]:
+    """Decode the bytes of one log entry into its events; garbage becomes one :class:`Undecodable`."""
     try:
-        return StoredEvent(seq=seq, subject=subject, envelope=decode_envelope(data))
+        envelopes = decode_entry(data)
     except EventDecodeError as exc:
-        return Undecodable(seq=seq, subject=subject, data=data, error=str(exc))
+        return (Undecodable(seq=seq, subject=subject, data=data, error=str(exc)),)
+    last = len(envelopes) - 1
+    return tuple(
+        StoredEvent(seq=seq, subject=subject, envelope=envelope, index=index, last=index == last)
+        for index, envelope in enumerate(envelopes)
+    )
+
+
+def read_entry(seq: int, subject: str, data: bytes) -> Entry:
+    """Decode an entry that holds one envelope (a JSON-lines export line); a decision
+    entry is reported as Undecodable here, never read in part."""
+    entries = read_entries(seq, subject, data)
+    if len(entries) == 1:
+        return entries[0]
+    return Undecodable(
+        seq=seq,
+        subject=subject,
+        data=data,
+        error=f"a decision entry of {len(entries)} envelopes where one envelope was expected",
+    )
+
+
+DECISION_TAG = "Decision"
+"""The last subject token of a decision entry: ``<prefix>.<node_token>.Decision``."""
+
+
+def entry_subject(envelopes: Sequence[Envelope], *, prefix: str) -> str:
+    """The subject of the entry holding ``envelopes`` (one node's; checked)."""
+    check_one_node(envelopes)
+    if len(envelopes) == 1:
+        return subject_for(envelopes[0].event, prefix=prefix)
+    return f"{prefix}.{node_token(event_node(envelopes[0].event))}.{DECISION_TAG}"
 
 
 REJECTED_PAYLOAD_LIMIT = 4096
@@ -182,6 +238,10 @@ def rejection_envelope(entry: Undecodable, *, time: datetime) -> Envelope:
         id=rejection_id(entry.seq),
         time=time,
         event=MessageRejected(
-            subject=entry.subject, reason=entry.error, payload=payload, node=NODELESS
+            subject=entry.subject,
+            reason=entry.error,
+            payload=payload,
+            node=NODELESS,
+            seq=entry.seq,
         ),
     )

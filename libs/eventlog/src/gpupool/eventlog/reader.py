@@ -19,7 +19,7 @@ from typing import Any
 import nats
 from nats.js import api
 
-from gpupool.eventlog.port import Entry, read_entry
+from gpupool.eventlog.port import Entry, read_entries
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
 
 DEFAULT_STREAM = "GPUPOOL"
@@ -71,7 +71,9 @@ class ReadOnlyLog:
     async def entries(
         self, *, from_seq: int = 1, until_seq: int | None = None
     ) -> AsyncIterator[Entry]:
-        """Entries from ``from_seq`` on, in order: up to ``until_seq``, or for ever (following)."""
+        """Entries from ``from_seq`` on, in order: up to ``until_seq``, or for ever (following).
+
+        A decision entry yields each of its envelopes, all with the entry's sequence."""
         start = max(from_seq, 1)
         if until_seq is not None and until_seq < start:
             return
@@ -97,7 +99,8 @@ class ReadOnlyLog:
                 if seq <= last:
                     continue  # an ordered-consumer reset may deliver an entry again
                 last = seq
-                yield read_entry(seq, msg.subject, msg.data)
+                for entry in read_entries(seq, msg.subject, msg.data):  # a decision: several
+                    yield entry
                 if until_seq is not None and seq >= until_seq:
                     return
         finally:

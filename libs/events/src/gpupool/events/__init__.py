@@ -7,10 +7,14 @@ upcaster in :mod:`gpupool.events.codec`.
 """
 
 from gpupool.events.codec import (
+    ENTRY_SCHEMA_VERSION,
     SCHEMA_VERSION,
     EventDecodeError,
+    LogEntry,
     UnknownSchemaVersion,
+    decode_entry,
     decode_envelope,
+    encode_entry,
     encode_envelope,
     event_json_schema,
 )
@@ -46,6 +50,7 @@ from gpupool.events.model import (
 
 __all__ = [
     "ALL_EVENT_TYPES",
+    "ENTRY_SCHEMA_VERSION",
     "NODELESS",
     "SCHEMA_VERSION",
     "Assigned",
@@ -55,6 +60,7 @@ __all__ = [
     "GpuInfo",
     "GpuInventoryReported",
     "InventorySource",
+    "LogEntry",
     "MessageRejected",
     "NodeConfigured",
     "NodeDisabled",
@@ -72,7 +78,9 @@ __all__ = [
     "Released",
     "Share",
     "UnknownSchemaVersion",
+    "decode_entry",
     "decode_envelope",
+    "encode_entry",
     "encode_envelope",
     "event_json_schema",
     "event_node",

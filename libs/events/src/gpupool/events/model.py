@@ -10,7 +10,10 @@ import msgspec
 Policy = Literal["share-pool", "static"]
 """The GPU-share model of a node or pod (``none`` disables a node: see NodeDisabled)."""
 
-ReleaseReason = Literal["completed", "preempted", "out-of-memory", "failed", "cancelled"]
+ReleaseReason = Literal[
+    "completed", "preempted", "out-of-memory", "failed", "cancelled", "gpu-vanished"
+]
+"""Why a pod left its GPU; ``gpu-vanished``: the GPU is no longer in the node's inventory."""
 PreemptReason = Literal["priority", "max-duration"]
 InventorySource = Literal["nvml", "simulated"]
 
@@ -164,7 +167,12 @@ class Released(msgspec.Struct, frozen=True, kw_only=True, tag="Released"):
 
 
 class PodRemoved(msgspec.Struct, frozen=True, kw_only=True, tag="PodRemoved"):
-    """The pod was deleted: it leaves the queue and its GPU slot, if any."""
+    """The pod was deleted: it leaves the queue at once.
+
+    A pod that holds a GPU slot keeps it, *releasing*, until the node-executor
+    records the end of its processes (Released); only then is it gone. No event
+    frees a GPU that a process may still be using.
+    """
 
     pod: PodRef
     node: str
@@ -180,6 +188,8 @@ class MessageRejected(msgspec.Struct, frozen=True, kw_only=True, tag="MessageRej
     reason: str
     payload: str
     node: str = NODELESS
+    seq: int = 0
+    """The log sequence of the entry set aside (0: not known, as in logs before it was kept)."""
 
 
 Event = (

@@ -10,7 +10,7 @@ workload identity); ``controllers.preemptions`` records Preempted events.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from gpupool.core import Command
@@ -31,6 +31,7 @@ class KubernetesControllers:
         *,
         settings: NodeStatusSettings | None = None,
         clock: Callable[[], datetime] = utc_now,
+        registered_nodes: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self._submit = submit
         self._submitting = asyncio.Lock()
@@ -42,6 +43,7 @@ class KubernetesControllers:
             self.pods,
             node_pods_changed=self.nodes.pods_changed,
             nodes_ready=self.nodes.synced.wait,
+            registered_nodes=registered_nodes,
             clock=clock,
         )
         self.preemptions = PreemptionRecorder(api, self.pods)

@@ -5,6 +5,11 @@
   ``PodRejected`` answer becomes a Warning Event on the pod, reason = the
   rejection's reason, message = its message, source component ``gpushare``.
 * When such a pod is deleted, or has Succeeded/Failed, ``RemovePod`` is submitted.
+* After every first list (each start), ``ReconcilePods`` for every node the log
+  or the list names: what the log registered and the cluster no longer has (or
+  has under a new UID) is removed before the listed pods are followed.
+* ``retry``: a pod refused because an earlier pod of its name was still releasing
+  is submitted again once that one is released.
 * Whole-GPU pods (``nvidia.com/gpu``) arriving on or leaving a node, and removed
   GPU-sharing pods, make the node controller look at that node again.
 """
@@ -12,12 +17,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Literal
 
-from gpupool.core import PodManifest, RegisterPod, RemovePod
-from gpupool.events import PodRejected, PodRemoved
+from gpupool.core import PodManifest, PresentPod, ReconcilePods, RegisterPod, RemovePod
+from gpupool.events import PodRef, PodRejected, PodRemoved
 from gpupool.kube.node_controller import utc_now
 from gpupool.kube.pod_directory import (
     PodDirectory,
@@ -50,9 +55,11 @@ class PodController:
         *,
         node_pods_changed: NodePodsChanged | None = None,
         nodes_ready: Callable[[], Awaitable[object]] | None = None,
+        registered_nodes: Callable[[], Iterable[str]] | None = None,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._api = api
+        self._registered_nodes = registered_nodes
         self._submit = submit
         self._pods = pods
         self._node_pods_changed = node_pods_changed
@@ -85,6 +92,7 @@ class PodController:
     async def _follow_listed(self) -> None:
         if self._nodes_ready is not None:
             await self._nodes_ready()
+        await self._reconcile()
         for pod in self._pods.all():
             if not is_gpu_hpn(pod):
                 continue
@@ -92,6 +100,38 @@ class PodController:
                 await self._follow_share_pod(Change(type="ADDED", object=pod))
             except Exception:
                 log.exception("pod %s: handling failed", pod.ref)
+
+    async def _reconcile(self) -> None:
+        """Compare the log's pods with the cluster's, node by node (kopf's resume causes)."""
+        present: dict[str, list[PresentPod]] = {}
+        for pod in self._pods.all():
+            if is_gpu_hpn(pod) and pod.node_name and not pod.terminated:
+                present.setdefault(pod.node_name, []).append(
+                    PresentPod(pod=pod.ref, uid=pod.metadata.uid or "")
+                )
+        nodes = set(present)
+        if self._registered_nodes is not None:
+            nodes.update(self._registered_nodes())
+        for node in sorted(nodes):
+            try:
+                events = await self._submit(
+                    ReconcilePods(node=node, present=tuple(present.get(node, ())))
+                )
+            except Exception:
+                log.exception("node %s: reconciling its pods failed", node)
+                continue
+            if any(isinstance(e, PodRemoved) for e in events) and self._node_pods_changed:
+                await self._node_pods_changed(node)
+
+    async def retry(self, ref: PodRef) -> None:
+        """Submit the cluster's pod ``ref`` again (its name's earlier pod is now released)."""
+        if not self._pods.synced.is_set():
+            return
+        pod = self._pods.get(ref)
+        if pod is None or not is_gpu_hpn(pod):
+            return
+        self._seen.pop(pod.metadata.uid or str(pod.ref), None)
+        await self._follow_share_pod(Change(type="ADDED", object=pod))
 
     async def on_change(self, change: PodChange, before: Pod | None) -> None:
         pod = change.object

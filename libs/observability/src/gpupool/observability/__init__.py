@@ -1,4 +1,10 @@
-"""Projections of the log: the state services read, metrics computed on scrape, snapshots."""
+"""What gpupool shows: the DCGM_FI_POOLING_* and queue metrics, computed on scrape, and the
+node-executor's GPU readings.
+
+It *reads* the write model (``gpupool.runtime.projection``: the state the deciders
+commit against, its snapshots and the counters folded with it); it never owns it.
+``Projection`` and friends are re-exported here for readers.
+"""
 
 from gpupool.observability.executor_metrics import (
     ExecutorCollector,
@@ -13,21 +19,21 @@ from gpupool.observability.metrics import (
     QueueCollector,
     metrics_registry,
 )
-from gpupool.observability.projection import Projection, metrics_projection
-from gpupool.observability.snapshot import (
+from gpupool.runtime.projection import Projection, metrics_projection
+from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
     SnapshotFormatError,
     decode_snapshot,
     encode_snapshot,
 )
-from gpupool.observability.snapshot_store import (
+from gpupool.runtime.snapshot_store import (
     FileSnapshotStore,
     SnapshotStore,
     load_projection,
     save_projection,
 )
-from gpupool.observability.statistics import (
+from gpupool.runtime.statistics import (
     WAIT_BUCKETS_SECONDS,
     LogStatistics,
     NodeStatistics,

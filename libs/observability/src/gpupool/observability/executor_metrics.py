@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpupool.events import InventorySource, PodRef
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 
 class GpuReading(Protocol):

@@ -23,8 +23,8 @@ from gpupool.core import PodState, State, pooling_position, pooling_status, queu
 from gpupool.events import PreemptReason, ReleaseReason
 from gpupool.observability.executor_metrics import ExecutorCollector, ExecutorReadings
 from gpupool.observability.pod_gpu_metrics import PodGpuCollector
-from gpupool.observability.projection import Projection
-from gpupool.observability.statistics import LogStatistics
+from gpupool.runtime.projection import Projection
+from gpupool.runtime.statistics import LogStatistics
 
 POOLING_STATUS = "DCGM_FI_POOLING_STATUS"
 POOLING_POSITION = "DCGM_FI_POOLING_POSITION"

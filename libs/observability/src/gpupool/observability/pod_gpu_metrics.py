@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpupool.core import PodState
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 POD_GPU_INFO = "gpupool_pod_gpu_info"
 POD_GPU_LABELS = ("node", "namespace", "pod", "gpu", "uuid")

@@ -4,12 +4,13 @@
 * **consume**: a durable subscription per service instance (each replica folds
   every entry; the durable lets a restarted instance resume where it acked).
 * **decide + append**: ``execute`` runs ``core.decide`` on the projection and
-  appends the events with the node's last sequence as the optimistic-concurrency
+  appends the events, as ONE entry (all or nothing), with the node's last sequence as the optimistic-concurrency
   expectation. If another writer (a second replica) got there first, the append
   fails with ConcurrencyConflict: the loop catches up from the log and decides
   again, so two replicas can never both commit conflicting decisions.
 * **bad input**: an undecodable entry is set aside as a MessageRejected event
-  (same id from every service: recorded once) and counted; the loop goes on.
+  naming its sequence, unless the log already holds one for it (set aside after
+  the rebuild, so a rejection recorded long ago is seen first): recorded once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from gpupool.eventlog.port import (
 )
 from gpupool.eventlog.subjects import node_of_subject
 from gpupool.events import Envelope, Event, event_node
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +61,18 @@ class DeciderLoop:
         self.projection = projection if projection is not None else Projection()
         self.clock = clock
         self.conflicts = 0
+        self.decide_failures = 0
         self.ready = False
         self._node_locks: dict[str, asyncio.Lock] = {}
         self.failed = asyncio.Event()
         """Set when a background task of the service failed: the service must stop (and be
         restarted), not go on looking healthy without it."""
         self.failure: BaseException | None = None
-        self._caught_up: set[int] = set()
-        """Sequences of others' events folded by a catch-up after a conflict, not yet reacted to."""
+        self._caught_up: set[tuple[int, int]] = set()
+        """(sequence, index) of others' events folded by a catch-up, not yet reacted to."""
+        self.consume_from = self.projection.last_seq + 1
+        """Where the durable starts: after the rebuild (catch-ups and own appends beyond it
+        are delivered, and reacted to only if a catch-up folded them)."""
 
     def background(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
         """Run ``work`` beside the consumer; if it fails, the service stops with its error."""
@@ -86,20 +91,35 @@ class DeciderLoop:
         return asyncio.create_task(guarded(), name=name)
 
     async def rebuild(self) -> int:
-        """Fold every entry present in the log; returns how many were new."""
+        """Fold every entry present in the log; returns how many events were new.
+
+        Unreadable entries are set aside only after the whole log is folded, and only
+        those whose rejection is not already in it: a replica rebuilding from zero
+        sees every rejection another replica recorded, however long ago.
+        """
         folded = 0
+        unreadable: list[Undecodable] = []
         async for entry in self.log.replay(from_seq=self.projection.last_seq + 1):
-            if await self.fold(entry):
+            if self.fold(entry):
                 folded += 1
+                if isinstance(entry, Undecodable):
+                    unreadable.append(entry)
+        self.consume_from = self.projection.last_seq + 1
+        for entry in unreadable:
+            if not self._rejection_recorded(entry.seq):
+                await self._set_aside(entry)
         return folded
 
-    async def fold(self, entry: Entry) -> bool:
+    def fold(self, entry: Entry) -> bool:
+        """Fold one entry (one event of an entry) unless it was folded before."""
         if isinstance(entry, StoredEvent):
-            return self.projection.apply(entry.seq, entry.envelope)
-        new = self.projection.skip(entry.seq, node_of_subject(entry.subject))
-        if new:
-            await self._set_aside(entry)
-        return new
+            return self.projection.apply(
+                entry.seq, entry.envelope, index=entry.index, last=entry.last
+            )
+        return self.projection.skip(entry.seq, node_of_subject(entry.subject))
+
+    def _rejection_recorded(self, seq: int) -> bool:
+        return seq in self.projection.state.rejected_sequences
 
     async def _set_aside(self, entry: Undecodable) -> None:
         log.warning(
@@ -109,7 +129,9 @@ class DeciderLoop:
             entry.subject,
             entry.error,
         )
-        await self.log.append(rejection_envelope(entry, time=self.clock()))
+        envelope = rejection_envelope(entry, time=self.clock())
+        seq = await self.log.append(envelope)
+        self.projection.apply(seq, envelope)
 
     async def execute(
         self, command: Command, *, node: str, cause: Envelope | None = None
@@ -124,12 +146,18 @@ class DeciderLoop:
             return await self._execute(command, node=node, cause=cause)
 
     async def _execute(self, command: Command, *, node: str, cause: Envelope | None) -> list[Event]:
-        committed: list[Event] = []  # appended before a batch met a conflict half-way
         for _ in range(MAX_CONFLICT_RETRIES):
             now = self.clock()
-            events = decide(self.projection.state, command, now)
+            try:
+                events = decide(self.projection.state, command, now)
+            except Exception:
+                # A fault in deciding for one node (bad state, a core bug) must not stop the
+                # service for every other node: this command decides nothing, loudly.
+                self.decide_failures += 1
+                log.exception("%s: deciding %s for %s failed", self.service, command, node)
+                return []
             if not events:
-                return committed
+                return []
             correlation = (
                 cause.correlation_id or cause.id if cause is not None else uuid.uuid4().hex
             )
@@ -149,21 +177,17 @@ class DeciderLoop:
                         f"decided event for {event_node(event)!r} while executing for {node!r}"
                     )
             try:
-                seqs = await self.log.append_many(
+                # One decision, one entry: it lands whole or not at all.
+                seq = await self.log.append_decision(
                     envelopes, expected_node_seq=self.projection.expected_node_seq(node)
                 )
             except ConcurrencyConflict as conflict:
                 self.conflicts += 1
                 log.info("%s: %s; catching up and deciding again", self.service, conflict)
-                # what the batch committed before the conflict is ours: fold it and report it
-                for seq, envelope in zip(conflict.appended, envelopes, strict=False):
-                    self.projection.apply(seq, envelope)
-                    committed.append(envelope.event)
                 await self._catch_up()
                 continue
-            for seq, envelope in zip(seqs, envelopes, strict=True):
-                self.projection.apply(seq, envelope)
-            return committed + events
+            self.projection.apply_entry(seq, envelopes)
+            return events
         raise RuntimeError(
             f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"
         )
@@ -175,27 +199,53 @@ class DeciderLoop:
         every node; a catch-up may fold entries of *other* nodes (or other commands'
         causes) that nothing else would react to.
         """
+        unreadable: list[Undecodable] = []
         async for entry in self.log.replay(from_seq=self.projection.last_seq + 1):
-            if await self.fold(entry) and isinstance(entry, StoredEvent):
-                self._caught_up.add(entry.seq)
+            if self.fold(entry):
+                if isinstance(entry, StoredEvent):
+                    self._caught_up.add((entry.seq, entry.index))
+                else:
+                    unreadable.append(entry)
+        # everything up to the log's end is folded now: a rejection already recorded is seen
+        for garbage in unreadable:
+            if not self._rejection_recorded(garbage.seq):
+                await self._set_aside(garbage)
 
     async def consume(self, durable: str, react: Reaction) -> None:
-        """Fold live entries and react to each event; ack after the reaction committed."""
-        subscription = self.log.subscribe(durable=durable)
+        """Fold live entries and react to each event; ack after the reaction committed.
+
+        The durable starts (or, if it lags, restarts) right after the last entry the
+        rebuild folded, so a restarted service is not handed the replayed log again.
+        """
+        subscription = self.log.subscribe(durable=durable, from_seq=self.consume_from)
         try:
             self.ready = True
             async for delivery in subscription:
-                entry = delivery.entry
-                # React only to entries not folded before (own appends, and the
-                # start-up rebuild, after which the service decided for every node;
-                # decisions are made from the state, so such a skipped reaction loses
-                # nothing), or folded by a catch-up after a conflict (nothing reacted).
-                new = await self.fold(entry)
-                caught_up = entry.seq in self._caught_up
-                self._caught_up.discard(entry.seq)
-                if (new or caught_up) and isinstance(entry, StoredEvent):
+                # fold the whole entry first: reactions never see a decision in part
+                reactions = [entry for entry in delivery.entries if await self._take(entry)]
+                for entry in reactions:
+                    assert isinstance(entry, StoredEvent)
                     await react(entry)
                 await delivery.ack()
         finally:
             self.ready = False
             await subscription.aclose()
+
+    async def _take(self, entry: Entry) -> bool:
+        """Fold one delivered entry; True if it is to be reacted to."""
+        # React only to entries not folded before (own appends, and the start-up
+        # rebuild, after which the service decided for every node; decisions are
+        # made from the state, so such a skipped reaction loses nothing), or folded
+        # by a catch-up after a conflict (nothing reacted).
+        new = self.fold(entry)
+        if isinstance(entry, Undecodable):
+            if new:
+                # a rejection may already lie further on in the log: look before writing one
+                await self._catch_up()
+                if not self._rejection_recorded(entry.seq):
+                    await self._set_aside(entry)
+            return False
+        key = (entry.seq, entry.index)
+        caught_up = key in self._caught_up
+        self._caught_up.discard(key)
+        return new or caught_up

@@ -25,14 +25,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
-from gpupool.observability.projection import Projection
-from gpupool.observability.snapshot_store import (
+from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.http import HttpEndpoint
+from gpupool.runtime.projection import Projection
+from gpupool.runtime.snapshot_store import (
     FileSnapshotStore,
     load_projection,
     save_projection,
 )
-from gpupool.runtime.decider import DeciderLoop
-from gpupool.runtime.http import HttpEndpoint
 
 log = logging.getLogger(__name__)
 

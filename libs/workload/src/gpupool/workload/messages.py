@@ -31,7 +31,7 @@ def exit_code_for(message: Exited | Rejected) -> int:
             return EXIT_PREEMPTED
         case "out-of-memory":
             return EXIT_OUT_OF_MEMORY
-        case "cancelled":
+        case "cancelled" | "gpu-vanished":
             return EXIT_EXECUTOR_UNAVAILABLE
         case "completed" | "failed":
             return message.exit_code

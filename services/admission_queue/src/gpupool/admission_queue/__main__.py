@@ -6,7 +6,7 @@ import argparse
 import asyncio
 
 from gpupool.admission_queue.service import AdmissionQueue
-from gpupool.runtime.metrics import metrics_projection, queue_registry
+from gpupool.observability.service_metrics import metrics_projection, queue_registry
 from gpupool.runtime.service import add_common_arguments, common_options, run_service, serve
 
 

@@ -4,12 +4,12 @@ The other audit read models (log selection, pod histories, states at a moment, G
 intervals, preemptions, wait estimates, explanations) live in the ``gpupool.audit``
 library, which the CLI commands and the web console render. ``verify`` folds the
 log with the same core ``evolve`` the services use (through
-:class:`~gpupool.observability.projection.Projection`).
+:class:`~gpupool.runtime.projection.Projection`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 import msgspec
 
@@ -19,9 +19,12 @@ from gpupool.cli.times import format_duration
 from gpupool.core import NodeState, PodState, State, gpu_usage, queue_positions, ready_queue
 from gpupool.core.placement import allocated_requests, fits, reservation_gpu
 from gpupool.core.state import GPU_PERCENT
+from gpupool.core.verification import RULES as LIVENESS_RULES
+from gpupool.core.verification import check_liveness_and_optimality
 from gpupool.eventlog.port import Entry, StoredEvent, Undecodable
 from gpupool.events import (
     Assigned,
+    Envelope,
     PodReady,
     PodRef,
     PodRegistered,
@@ -31,7 +34,7 @@ from gpupool.events import (
     Share,
     event_tag,
 )
-from gpupool.observability.projection import Projection
+from gpupool.runtime.projection import Projection
 
 # --------------------------------------------------------------------------- gpupool verify
 
@@ -70,6 +73,7 @@ INVARIANTS = (
     "every Preempted is followed by its victim's release; no release as preempted without one",
     "no pod is preempted for a pod of lower priority",
     "the requests of a node's pods stay within its allocatable",
+    *LIVENESS_RULES,
 )
 """What ``verify`` checks, in the words its summary uses."""
 
@@ -178,6 +182,8 @@ class _Verifier:
                 entry, name, f"{event.pod} is registered on {pod.node}, not {event.node}"
             )
             return
+        if pod.policy == "static" and pod.phase == "dormant" and pod.gpu_index == event.gpu_index:
+            return  # a static pod runs again on the GPU it stays bound to: no new capacity
         if pod.gpu_index is not None:
             self.violation(
                 entry,
@@ -264,7 +270,10 @@ class _Verifier:
         if event.gpu_index is None:
             if pod.phase != "ready":
                 self.violation(entry, name, f"{event.pod} left the queue while {pod.phase}")
-        elif pod.phase != "running" or pod.gpu_index != event.gpu_index:
+        elif pod.gpu_index != event.gpu_index or (
+            pod.phase != "running"
+            and not (pod.policy == "static" and event.reason == "gpu-vanished")
+        ):
             held = "no GPU" if pod.gpu_index is None else f"GPU {pod.gpu_index}"
             self.violation(
                 entry, name, f"{event.pod} released GPU {event.gpu_index} but holds {held}"
@@ -288,7 +297,7 @@ class _Verifier:
         self.report.nodes = len(state.nodes)
 
 
-def verify(entries: Iterable[Entry]) -> VerifyReport:
+def verify(entries: Sequence[Entry]) -> VerifyReport:
     """Fold the whole log and check :data:`INVARIANTS` at every entry."""
     verifier = _Verifier()
     report = verifier.report
@@ -301,11 +310,40 @@ def verify(entries: Iterable[Entry]) -> VerifyReport:
             verifier.projection.skip(entry.seq, None)
             continue
         verifier.check(entry)
-        verifier.projection.apply(entry.seq, entry.envelope)
+        verifier.projection.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
         if isinstance(entry.envelope.event, PodRegistered):
             pods.add(entry.envelope.event.pod)
         last = entry
     report.pods = len(pods)
     verifier.finish(last)
+    report.violations.extend(
+        Violation(
+            seq=finding.seq,
+            id=finding.envelope_id,
+            type=finding.type,
+            pod=finding.pod,
+            message=finding.message,
+        )
+        for finding in check_liveness_and_optimality(decision_entries(stored_events(entries)))
+    )
     report.violations.sort(key=lambda violation: violation.seq)
     return report
+
+
+def stored_events(entries: Iterable[Entry]) -> list[StoredEvent]:
+    return [entry for entry in entries if isinstance(entry, StoredEvent)]
+
+
+def decision_entries(events: Iterable[StoredEvent]) -> Iterator[tuple[int, list[Envelope]]]:
+    """The envelopes of each log entry, grouped by sequence (a decision entry holds several)."""
+    seq: int | None = None
+    group: list[Envelope] = []
+    for entry in events:
+        if entry.seq != seq and group:
+            assert seq is not None
+            yield seq, group
+            group = []
+        seq = entry.seq
+        group.append(entry.envelope)
+    if group and seq is not None:
+        yield seq, group

@@ -117,12 +117,12 @@ class DemoRun:
         try:
             subscription = log.subscribe(durable=f"demo-{id(self)}")
             async for delivery in subscription:
-                entry = delivery.entry
                 await delivery.ack()
-                if not isinstance(entry, StoredEvent):
-                    continue
-                self.events.append(entry.envelope)
-                self.say(f"log #{entry.seq:<3} {describe(entry.envelope)}")
+                for entry in delivery.entries:
+                    if not isinstance(entry, StoredEvent):
+                        continue
+                    self.events.append(entry.envelope)
+                    self.say(f"log #{entry.seq:<3} {describe(entry.envelope)}")
                 self.changed.set()
         finally:
             await log.close()

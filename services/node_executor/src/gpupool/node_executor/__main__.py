@@ -17,7 +17,7 @@ from gpupool.node_executor.inventory import (
 )
 from gpupool.node_executor.processes import ProcessSupervisor
 from gpupool.node_executor.service import DEFAULT_REATTACH_SECONDS, NodeExecutor
-from gpupool.runtime.metrics import executor_registry
+from gpupool.observability.service_metrics import executor_registry
 from gpupool.runtime.service import add_common_arguments, common_options, run_service, serve
 
 DEFAULT_SOCKET = "/run/gpupool/gpupool.sock"

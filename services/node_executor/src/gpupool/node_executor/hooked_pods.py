@@ -428,7 +428,9 @@ class HookedPods:
         hooked.change.clear()
         await self._drop_departed(hooked)
         state = executor.pod(hooked.pod)
-        if state is None:  # PodRemoved
+        if (
+            state is None or state.removed
+        ):  # PodRemoved: it keeps its slot until its end is recorded
             if hooked.processes:
                 await self._terminate(hooked)
             for waiter in list(hooked.waiters):
@@ -437,6 +439,9 @@ class HookedPods:
                     waiter,
                     Rejected(reason="UnknownPod", message=f"pod {hooked.pod} was removed"),
                 )
+            if state is not None and state.phase == "running":
+                log.info("node-executor: %s was deleted; its GPU processes ended", hooked.pod)
+                await executor.release(hooked.pod, "cancelled", None)
             return False
         if state.phase == "dormant":
             self._end_counter(hooked)

@@ -14,7 +14,9 @@ on this node follows the pod through its life here:
   period, the group confirmed gone, then Released(preempted); the client is told
   who preempted it and either exits or, with ``--requeue``, queues again;
 * the client hangs up: Released(cancelled) (the command is ended if it runs);
-* the pod is deleted (PodRemoved): the command is ended;
+* the pod is deleted (PodRemoved): the command is ended, then Released is
+  recorded; until then the pod keeps its slot (releasing), so no other pod gets
+  a GPU its processes may still use;
 * with NVML, a pod whose processes hold more GPU memory than its limit is ended
   and released as out-of-memory.
 
@@ -41,7 +43,15 @@ from pathlib import Path
 
 from gpupool.core import PodState, ReportInventory, ReportRelease, RequestGpu, queue_positions
 from gpupool.eventlog.port import REJECTED_PAYLOAD_LIMIT, StoredEvent
-from gpupool.events import Envelope, GpuInfo, MessageRejected, PodRef, PodRejected, ReleaseReason
+from gpupool.events import (
+    Envelope,
+    GpuInfo,
+    MessageRejected,
+    PodRef,
+    PodRejected,
+    PodRemoved,
+    ReleaseReason,
+)
 from gpupool.gpus import GpuSampler, Inventory
 from gpupool.node_executor.environment import memory_limit_bytes, workload_environment
 from gpupool.node_executor.hooked_pods import HookedPods
@@ -200,6 +210,8 @@ class NodeExecutor:
         event = entry.envelope.event
         if event.node != self.node:
             return
+        if isinstance(event, PodRemoved) and event.pod not in self._sessions:
+            await self._release_if_nothing_runs(event.pod)
         # any event on the node may change a waiter's position: wake every session
         for session in self._sessions.values():
             session.change.set()
@@ -225,8 +237,13 @@ class NodeExecutor:
                 workload.pid,
             )
             self._spawn(PodSession(pod=workload.pod, workload=workload))
-        for pod in state.pods_on(self.node):
-            if pod.policy != "share-pool" or pod.ref in self._sessions or pod.ref in hooked:
+        for pod in list(state.pods_on(self.node)):
+            if pod.ref in self._sessions or pod.ref in hooked:  # hooked: followed by them
+                continue
+            if pod.removed:  # deleted while this executor was away, and nothing of it runs
+                await self._release_if_nothing_runs(pod.ref)
+                continue
+            if pod.policy != "share-pool":
                 continue
             if pod.phase == "ready":
                 log.info(
@@ -242,6 +259,14 @@ class NodeExecutor:
                     pod.ref,
                 )
                 await self._release(pod.ref, "failed", None)
+
+    async def _release_if_nothing_runs(self, ref: PodRef) -> None:
+        """A deleted pod holding a slot with no process of it here: record that it has ended."""
+        pod = self._pod(ref)
+        if pod is None or not pod.removed or ref in self._sessions or ref in self.hooked:
+            return  # a session or the hooked pods' follower ends its processes and releases it
+        log.info("node-executor: %s was deleted and runs nothing here; releasing its slot", ref)
+        await self._release(ref, "cancelled", None)
 
     async def _stop_sessions(self) -> None:
         """Graceful stop: end every workload, record it, tell its client."""
@@ -428,6 +453,10 @@ class NodeExecutor:
             return False
         if session.workload is not None:
             return await self._supervise(session)
+        if state.removed:  # deleted before its command started: nothing of it runs
+            await self._release(session.pod, "cancelled", None)
+            await session.send(Exited(exit_code=0, reason="cancelled"))
+            return False
         if state.phase == "dormant":
             if session.channel is None or session.client_left:
                 return False
@@ -437,6 +466,16 @@ class NodeExecutor:
             rejected = next((e for e in events if isinstance(e, PodRejected)), None)
             if rejected is not None:
                 await session.send(Rejected(reason=rejected.reason, message=rejected.message))
+                return False
+            after = self._pod(session.pod)
+            if not events and after is not None and after.phase == "dormant":
+                # nothing was decided and nothing changed: asking again would spin for ever
+                await session.send(
+                    Rejected(
+                        reason="NotQueued",
+                        message=f"pod {session.pod} cannot be queued for a GPU here",
+                    )
+                )
                 return False
             return True
         if state.phase == "ready":
@@ -540,7 +579,7 @@ class NodeExecutor:
                 if exited.done():
                     return await self._exited(session, exited.result())
                 state = self._pod(session.pod)
-                if state is None:  # PodRemoved
+                if state is None or state.removed:  # deleted: end it, then record the end
                     await self._end(session, "cancelled", tell_client=True)
                     return False
                 if state.phase != "running":  # released elsewhere (not by this executor)
@@ -634,7 +673,9 @@ class NodeExecutor:
             state = self._pod(pod)
             if session.workload is None or state is None or state.gpu_index is None:
                 continue
-            gpu = self.inventory.by_index(state.gpu_index)
+            gpu = next((g for g in self.inventory.gpus if g.index == state.gpu_index), None)
+            if gpu is None:  # its GPU left the inventory: released, and ended by its session
+                continue
             guarded.append(
                 GuardedWorkload(
                     pod=pod,

@@ -20,13 +20,20 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 
-from gpupool.core import Command, ConfigureNode, RegisterPod, RemovePod, State
+from gpupool.core import (
+    Command,
+    ConfigureNode,
+    PresentPod,
+    ReconcilePods,
+    RegisterPod,
+    RemovePod,
+    State,
+)
 from gpupool.core.simulation import pod_manifest
 from gpupool.eventlog.port import StoredEvent
-from gpupool.events import Envelope, Event, NodeRejected, PodRejected, Preempted
+from gpupool.events import Envelope, Event, NodeRejected, PodRef, PodRejected, Preempted, Released
 from gpupool.kube.adapter import KubernetesAsyncioApi
 from gpupool.kube.controllers import KubernetesControllers
-from gpupool.observability.projection import Projection
 from gpupool.policy.local_config import (
     ConfigError,
     LocalCluster,
@@ -35,6 +42,7 @@ from gpupool.policy.local_config import (
     pod_commands,
 )
 from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.projection import Projection
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +58,7 @@ CLUSTER_FILE_CHECK_S = 1.0
 def command_node(command: Command) -> str:
     if isinstance(command, RegisterPod):
         return command.manifest.node
-    if isinstance(command, ConfigureNode | RemovePod):
+    if isinstance(command, ConfigureNode | RemovePod | ReconcilePods):
         return command.node
     raise TypeError(f"the policy service does not send {type(command).__name__}")
 
@@ -91,7 +99,14 @@ class PolicyService:
     async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
         self._loop = loop
         if self.cluster is not None:
-            for command in [*node_commands(self.cluster), *pod_commands(self.cluster)]:
+            # nodes first, then what the log holds and the file no longer names is removed,
+            # then the file's pods are registered
+            commands: list[Command] = [
+                *node_commands(self.cluster),
+                *self._reconcile_with_file(self.cluster),
+                *pod_commands(self.cluster),
+            ]
+            for command in commands:
                 await self.submit(command)
             if self.cluster_file is not None:
                 watcher = loop.background(
@@ -108,7 +123,9 @@ class PolicyService:
         if self._connect_kubernetes is not None:
             api = await self._connect_kubernetes()
             stack.push_async_callback(api.close)
-            self.controllers = KubernetesControllers(api, self.submit)
+            self.controllers = KubernetesControllers(
+                api, self.submit, registered_nodes=self._registered_nodes
+            )
             for envelope in list(self._recent_preemptions):
                 await self.controllers.preemptions.on_envelope(envelope)
             assert self._loop is not None
@@ -164,6 +181,35 @@ class PolicyService:
             nodes.update({c.node: c for c in changed if isinstance(c, ConfigureNode)})
             pods.update((pod.namespace, pod.name) for pod in cluster.pods)
 
+    def _registered_nodes(self) -> list[str]:
+        assert self._loop is not None
+        state = self._loop.projection.state
+        return sorted({pod.node for pod in state.pods.values()})
+
+    def _reconcile_with_file(self, cluster: LocalCluster) -> list[ReconcilePods]:
+        present: dict[str, list[PresentPod]] = {}
+        for command in pod_commands(cluster):
+            assert isinstance(command, RegisterPod)
+            manifest = command.manifest
+            present.setdefault(manifest.node, []).append(
+                PresentPod(
+                    pod=PodRef(namespace=manifest.namespace, name=manifest.name), uid=manifest.uid
+                )
+            )
+        nodes = set(present) | set(self._registered_nodes())
+        return [
+            ReconcilePods(node=node, present=tuple(present.get(node, ()))) for node in sorted(nodes)
+        ]
+
     async def react(self, entry: StoredEvent) -> None:
-        if self.controllers is not None and isinstance(entry.envelope.event, Preempted):
+        event = entry.envelope.event
+        if self.controllers is not None and isinstance(event, Preempted):
             await self.controllers.preemptions.on_envelope(entry.envelope)
+        if (
+            self.controllers is not None
+            and isinstance(event, Released)
+            and self._loop is not None
+            and event.pod not in self._loop.projection.state.pods
+        ):
+            # a deleted pod's slot is free now: a pod recreated under its name may register
+            await self.controllers.pod_controller.retry(event.pod)

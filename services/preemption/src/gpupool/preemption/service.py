@@ -71,7 +71,8 @@ class PreemptionService:
             node, when = min(due.items(), key=lambda item: item[1])
             delay = max(0.0, (when - now).total_seconds())
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout=delay)
+                async with asyncio.timeout(delay):  # not wait_for: it can lose a cancellation
+                    await self._changed.wait()
                 continue  # something changed: recompute the deadlines
             except TimeoutError:
                 pass

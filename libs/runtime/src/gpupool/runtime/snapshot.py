@@ -24,7 +24,7 @@ import msgspec
 
 from gpupool.core import NodeState, Phase, PodState, State
 from gpupool.events import GpuInfo, InventorySource, PodRef, Policy, PreemptReason, QosConfig, Share
-from gpupool.observability.statistics import LogStatistics
+from gpupool.runtime.statistics import LogStatistics
 
 SNAPSHOT_FORMAT = 1
 
@@ -52,6 +52,7 @@ class PodRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     running_since: datetime | None
     evicted_by: PodRef | None
     evict_reason: PreemptReason | None
+    removed: bool = False
 
 
 class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +74,7 @@ class StateRecord(msgspec.Struct, frozen=True, kw_only=True):
     pods: list[PodRecord]
     """In the order of ``State.pods``."""
     rejected_messages: int
+    rejected_sequences: list[int] = []
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +88,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """Sequences above ``last_seq`` already applied (see ``Projection.ahead``)."""
     state: StateRecord
     statistics: LogStatistics | None = None
+    open_entry: tuple[int, int] | None = None
+    """A decision entry folded in part when the snapshot was taken (see ``Projection``)."""
 
 
 class _FormatProbe(msgspec.Struct):
@@ -110,6 +114,7 @@ def pod_record(pod: PodState) -> PodRecord:
         running_since=pod.running_since,
         evicted_by=pod.evicted_by,
         evict_reason=pod.evict_reason,
+        removed=pod.removed,
     )
 
 
@@ -131,6 +136,7 @@ def pod_state(record: PodRecord) -> PodState:
         running_since=record.running_since,
         evicted_by=record.evicted_by,
         evict_reason=record.evict_reason,
+        removed=record.removed,
     )
 
 
@@ -167,6 +173,7 @@ def state_record(state: State) -> StateRecord:
         nodes=[node_record(node) for node in state.nodes.values()],
         pods=[pod_record(pod) for pod in state.pods.values()],
         rejected_messages=state.rejected_messages,
+        rejected_sequences=sorted(state.rejected_sequences),
     )
 
 
@@ -175,6 +182,7 @@ def state_from_record(record: StateRecord) -> State:
         nodes={node.name: node_state(node) for node in record.nodes},
         pods={pod.ref: pod_state(pod) for pod in record.pods},
         rejected_messages=record.rejected_messages,
+        rejected_sequences=set(record.rejected_sequences),
     )
 
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 from gpupool.core import State, evolve
 from gpupool.events import Envelope, event_node
-from gpupool.observability.snapshot import (
+from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
     state_from_record,
     state_record,
 )
-from gpupool.observability.statistics import LogStatistics
+from gpupool.runtime.statistics import LogStatistics
 
 Observer = Callable[[State, Envelope, int], None]
 """Called before an envelope is folded: (state before, envelope, stream sequence)."""
@@ -47,20 +47,44 @@ class Projection:
     statistics: LogStatistics | None = None
     """Counters folded from the log for the metrics (see :func:`metrics_projection`); None: not kept."""
 
-    def applied(self, seq: int) -> bool:
-        return seq <= self.last_seq or seq in self.ahead
+    open_entry: tuple[int, int] | None = None
+    """A decision entry folded in part: (its sequence, the index of its next envelope)."""
 
-    def apply(self, seq: int, envelope: Envelope) -> bool:
-        """Fold one logged envelope; False if its sequence was already applied."""
-        if self.applied(seq):
+    def applied(self, seq: int, index: int = 0) -> bool:
+        if seq <= self.last_seq or seq in self.ahead:
+            return True
+        return (
+            self.open_entry is not None and self.open_entry[0] == seq and index < self.open_entry[1]
+        )
+
+    def apply(self, seq: int, envelope: Envelope, *, index: int = 0, last: bool = True) -> bool:
+        """Fold one logged envelope; False if it was already applied.
+
+        The envelopes of a decision entry share its sequence: ``index`` and ``last``
+        say which one this is (see ``StoredEvent``); the entry counts as applied once
+        its last envelope is.
+        """
+        if self.applied(seq, index):
             return False
         if self.statistics is not None:
             self.statistics.observe(self.state, envelope, seq)
         for observer in self.observers:
             observer(self.state, envelope, seq)
         evolve(self.state, envelope)
-        self._mark(seq, event_node(envelope.event))
+        if last:
+            self.open_entry = None
+            self._mark(seq, event_node(envelope.event))
+        else:
+            self.open_entry = (seq, index + 1)
         return True
+
+    def apply_entry(self, seq: int, envelopes: list[Envelope] | tuple[Envelope, ...]) -> bool:
+        """Fold every envelope of one entry (a decision this process appended)."""
+        new = False
+        last = len(envelopes) - 1
+        for index, envelope in enumerate(envelopes):
+            new = self.apply(seq, envelope, index=index, last=index == last) or new
+        return new
 
     def skip(self, seq: int, node: str | None) -> bool:
         """Account for an entry that could not be decoded (it still occupies its sequence).
@@ -97,6 +121,7 @@ class Projection:
             node_seq=dict(self.node_seq),
             undecodable=self.undecodable,
             ahead=sorted(self.ahead),
+            open_entry=self.open_entry,
             state=state_record(self.state),
             statistics=None if self.statistics is None else self.statistics.copy(),
         )
@@ -110,6 +135,7 @@ class Projection:
             node_seq=dict(snapshot.node_seq),
             undecodable=snapshot.undecodable,
             ahead=set(snapshot.ahead),
+            open_entry=snapshot.open_entry,
             statistics=None if snapshot.statistics is None else snapshot.statistics.copy(),
         )
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from gpupool.observability.projection import Projection, metrics_projection
-from gpupool.observability.snapshot import SnapshotFormatError, decode_snapshot, encode_snapshot
+from gpupool.runtime.projection import Projection, metrics_projection
+from gpupool.runtime.snapshot import SnapshotFormatError, decode_snapshot, encode_snapshot
 
 
 class SnapshotStore(Protocol):

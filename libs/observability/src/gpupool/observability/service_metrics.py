@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from gpupool.observability.executor_metrics import ExecutorReadings
 from gpupool.observability.metrics import metrics_registry
-from gpupool.observability.projection import Projection, metrics_projection
+from gpupool.runtime.projection import Projection, metrics_projection
 
 __all__ = ["executor_registry", "metrics_projection", "queue_registry"]
 

@@ -1,0 +1,127 @@
+"""verify checks liveness and optimality too (issue 9, finding 10).
+
+Each log below passed ``gpupool verify`` before: an idle GPU beside a head that fits,
+for ever; a preemption of more victims than needed; a deleted pod never released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from core_gwt import NODE, T0, Given, Run, Wait, at, gpu_uuid, ref, topology
+
+from gpupool.core import PlanPreemption, decide, evolve
+from gpupool.core.state import State
+from gpupool.core.verification import check_liveness_and_optimality
+from gpupool.events import Assigned, Envelope, Event, PodRemoved, Preempted, QosConfig, Released
+
+PREEMPT = QosConfig(preempt_enabled=True)
+
+
+def entries(
+    given: Sequence[Given], *decisions: Sequence[Event]
+) -> list[tuple[int, list[Envelope]]]:
+    """One entry per given event, then one entry per decision (its events together)."""
+    log: list[tuple[int, list[Envelope]]] = []
+    for item in given:
+        time, event = item if isinstance(item, tuple) else (T0, item)
+        log.append((len(log) + 1, [Envelope(id=f"e{len(log) + 1}", time=time, event=event)]))
+    for decision in decisions:
+        seq = len(log) + 1
+        log.append(
+            (
+                seq,
+                [Envelope(id=f"e{seq}.{i}", time=at(60), event=e) for i, e in enumerate(decision)],
+            )
+        )
+    return log
+
+
+def assigned(name: str, gpu: int) -> Assigned:
+    return Assigned(pod=ref(name), node=NODE, gpu_index=gpu, gpu_uuid=gpu_uuid(gpu))
+
+
+def test_an_idle_gpu_beside_a_head_that_fits_until_the_end_is_found() -> None:
+    log = entries(topology(1, waiting=[Wait("a", 50)]))
+    findings = check_liveness_and_optimality(log)
+    assert [(f.seq, f.type, f.pod) for f in findings] == [(len(log), "PodReady", "default/a")]
+    assert "until the end of the log" in findings[0].message
+
+
+def test_a_decision_that_leaves_a_fitting_head_waiting_is_found() -> None:
+    given = topology(2, waiting=[Wait("a", 100), Wait("b", 100)])
+    findings = check_liveness_and_optimality(entries(given, [assigned("b", 1)]))
+    assert [f.pod for f in findings] == ["default/a"]
+    assert "scheduling decision" in findings[0].message
+
+
+def test_a_log_served_in_time_has_no_finding() -> None:
+    given = topology(2, waiting=[Wait("a", 100), Wait("b", 100)])
+    assert check_liveness_and_optimality(entries(given, [assigned("a", 0), assigned("b", 1)])) == []
+
+
+def victims_of(given: Sequence[Given]) -> list[Event]:
+    state = State()
+    for index, (time, event) in enumerate(
+        item if isinstance(item, tuple) else (T0, item) for item in given
+    ):
+        evolve(state, Envelope(id=str(index), time=time, event=event))
+    return decide(state, PlanPreemption(node=NODE), at(60))
+
+
+SMALL_AND_LARGE = topology(
+    1,
+    running=[Run("old-small", 0, 30, since=at(0)), Run("new-large", 0, 70, since=at(10))],
+    waiting=[Wait("urgent", 70, priority=5)],
+    qos=PREEMPT,
+)
+
+
+def preempted(victim: str) -> Preempted:
+    return Preempted(
+        victim=ref(victim),
+        preemptor=ref("urgent"),
+        node=NODE,
+        gpu_index=0,
+        gpu_uuid=gpu_uuid(0),
+        reason="priority",
+    )
+
+
+def test_the_core_preempts_the_smallest_set_not_the_first_that_frees_enough() -> None:
+    """A greedy search in preference order takes old-small, then new-large: two victims."""
+    assert victims_of(SMALL_AND_LARGE) == [preempted("new-large")]
+
+
+def test_a_preemption_of_more_victims_than_needed_is_found() -> None:
+    larger = entries(SMALL_AND_LARGE, [preempted("old-small"), preempted("new-large")])
+    findings = check_liveness_and_optimality(larger)
+    assert any("2 victims" in f.message and "1 suffice" in f.message for f in findings), findings
+    assert findings[0].seq == len(larger) and findings[0].type == "Preempted"
+
+
+def test_a_preemption_split_over_entries_as_old_logs_wrote_it_is_judged_as_one() -> None:
+    larger = entries(SMALL_AND_LARGE, [preempted("old-small")], [preempted("new-large")])
+    assert any("2 victims" in f.message for f in check_liveness_and_optimality(larger))
+
+
+def test_the_smallest_preemption_is_no_finding() -> None:
+    minimal = entries(SMALL_AND_LARGE, [preempted("new-large")])
+    assert not [f for f in check_liveness_and_optimality(minimal) if f.type == "Preempted"]
+
+
+def test_a_victim_set_that_does_not_free_enough_is_found() -> None:
+    short = entries(SMALL_AND_LARGE, [preempted("old-small")])
+    assert any("does not free enough" in f.message for f in check_liveness_and_optimality(short))
+
+
+def test_a_pod_deleted_while_holding_a_gpu_and_never_released_is_found() -> None:
+    given = topology(1, running=[Run("a", 0, 100)])
+    findings = check_liveness_and_optimality(entries(given, [PodRemoved(pod=ref("a"), node=NODE)]))
+    assert [(f.type, f.pod) for f in findings] == [("PodRemoved", "default/a")]
+    released = entries(
+        given,
+        [PodRemoved(pod=ref("a"), node=NODE)],
+        [Released(pod=ref("a"), node=NODE, reason="cancelled", gpu_index=0)],
+    )
+    assert check_liveness_and_optimality(released) == []
