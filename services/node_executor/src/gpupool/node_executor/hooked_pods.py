@@ -86,13 +86,14 @@ class RegisteredProcess:
         self._exit: asyncio.Task[None] | None = None
 
     def exited(self) -> asyncio.Task[None]:
-        if self._exit is None:
+        if self._exit is None or self._exit.cancelled():
             self._exit = asyncio.create_task(pidfd_exited(self.pidfd))
         return self._exit
 
     @property
     def gone(self) -> bool:
-        return self._exit is not None and self._exit.done()
+        """Its exit was seen (a watcher cancelled on the way says nothing of the process)."""
+        return self._exit is not None and self._exit.done() and not self._exit.cancelled()
 
     def signal(self, signum: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -594,7 +595,7 @@ def _has_exited(pidfd: int) -> bool:
 async def _wait_gone(processes: list[RegisteredProcess], within: float) -> list[RegisteredProcess]:
     if not processes:
         return []
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(within):
-            await asyncio.gather(*(p.exited() for p in processes))
-    return [p for p in processes if not p.exited().done()]
+    # asyncio.wait, not a timeout around gather: on expiry gather would cancel the processes'
+    # exit watchers, and a cancelled watcher is done, so a survivor would pass for gone
+    await asyncio.wait([p.exited() for p in processes], timeout=within)
+    return [p for p in processes if not p.gone]
