@@ -43,6 +43,8 @@ class GpuInterval(msgspec.Struct, frozen=True, kw_only=True):
     preempted_by: PodRef | None = None
     preempt_reason: str | None = None
     start_seq: int = 0
+    start_index: int = 0
+    """The Assigned's place in its log entry (one decision entry can assign several pods)."""
     end_seq: int | None = None
 
 
@@ -85,6 +87,7 @@ def gpu_intervals(
                     priority=info.priority if info is not None else 0,
                     limits=info.limits if info is not None else None,
                     start_seq=entry.seq,
+                    start_index=entry.index,
                 )
             case Preempted() if event.victim in open_:
                 open_[event.victim] = msgspec.structs.replace(
@@ -113,5 +116,5 @@ def gpu_intervals(
     found = [*done, *open_.values()]
     if since is not None:
         found = [i for i in found if i.end is None or i.end >= since]
-    found.sort(key=lambda i: (i.start_seq, i.gpu_index))
+    found.sort(key=lambda i: (i.start_seq, i.start_index, i.gpu_index))
     return found
