@@ -1,5 +1,5 @@
 """kill -9 of each service in turn during the worked example: each restarts, rebuilds from
-the log, and the run finishes with SPEC.md's assignments; no event lost, none duplicated.
+the log, and the run finishes with the worked example's assignments; no event lost, none duplicated.
 The node-executor's crash is the hard one: the running commands survive under their shims
 and are adopted, the waiting pods keep their places, and every client reattaches."""
 

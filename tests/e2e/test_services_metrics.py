@@ -91,7 +91,7 @@ SPEC_FIXED_LINT = {
     f"{name} label names should be written in 'snake_case' not 'camelCase'"
     for name in ("DCGM_FI_POOLING_STATUS", "DCGM_FI_POOLING_POSITION")
 }
-"""SPEC.md section 5 fixes the label NodeName; promtool's style lint objects to it, and that
+"""docs/behaviour.md fixes the label NodeName; promtool's style lint objects to it, and that
 is the only objection allowed."""
 
 

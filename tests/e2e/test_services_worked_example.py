@@ -1,4 +1,4 @@
-"""SPEC.md section 2's worked example, live: real nats-server, the four services as
+"""docs/behaviour.md's worked example, live: real nats-server, the four services as
 processes, four real `gpupool run` workloads on two simulated GPUs."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ async def test_worked_example_through_all_services(tmp_path: Path) -> None:
         assignments = await run_worked_example(run)
         log = envelopes(await read_log(stack))
 
-    # the order of Assigned events and their GPUs is exactly SPEC.md's
+    # the order of Assigned events and their GPUs is exactly the worked example's (docs/behaviour.md)
     assert assignments == EXPECTED_ASSIGNMENTS
     assert [
         (e.event.pod.name, e.event.gpu_index) for e in of_type(log, Assigned)

@@ -246,7 +246,7 @@ def share_pod(
     limit: int = 100,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The source document's gpu-share-demo pod (requests 10 / limits 100 by default)."""
+    """The documented gpu-share-demo pod (requests 10 / limits 100 by default)."""
     return pod_object(
         name,
         node=node,

@@ -1,4 +1,4 @@
-"""Node enablement in Kubernetes mode, against kmock: the status the source document shows."""
+"""Node enablement in Kubernetes mode, against kmock: the documented node status."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from kube_harness import (
 
 from gpupool.events import NodeConfigured, NodeDisabled, NodeRejected
 
-# The source document's expected outputs, verbatim (手順 2 and 手順 5), except that the
+# The documented expected outputs, verbatim (手順 2 and 手順 5), except that the
 # enabled sample's reason "Valied" is a typo for "Valid" (docs/kubernetes.md).
 SOURCE_ENABLED = yaml.safe_load(
     """

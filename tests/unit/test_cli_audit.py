@@ -1,6 +1,6 @@
 """The audit commands on simulated logs, with exact expected output derived from the scenarios.
 
-Two logs: ``scenarios/worked-example.yaml`` (SPEC.md section 2) and
+Two logs: ``scenarios/worked-example.yaml`` (docs/behaviour.md) and
 ``scenarios/preemption-priority.yaml``. The entry numbers below follow from the
 scenarios: the simulator first reports the inventory and configures the node
 (#1, #2), registers the pods in file order, then plays the timeline, each

@@ -116,7 +116,7 @@ def test_output_file_holds_the_same_bytes_as_stdout(
 
 
 def test_worked_example_log_is_the_spec_story(capsys: pytest.CaptureFixture[str]) -> None:
-    """SPEC.md section 2: T1 A on GPU 0, C on GPU 1, D then B wait; T2 C completes, D gets GPU 1, then B GPU 0."""
+    """docs/behaviour.md: T1 A on GPU 0, C on GPU 1, D then B wait; T2 C completes, D gets GPU 1, then B GPU 0."""
     out = simulate_in_process(ROOT / "scenarios" / "worked-example.yaml", capsys)
     story: list[tuple[int, str, str, int | None]] = []
     for line in out.splitlines():

@@ -1,4 +1,4 @@
-"""Placement (SPEC.md section 2) and queue order, positions, backfill (section 8), as tables."""
+"""Placement (docs/behaviour.md) and queue order, positions, backfill (section 8), as tables."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Preemption planning (SPEC.md section 8, victim selection), as tables and given/when/then."""
+"""Preemption planning (docs/behaviour.md, victim selection), as tables and given/when/then."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The static model (SPEC.md section 8): bound to one GPU at admission by requests, never queues."""
+"""The static model (docs/behaviour.md): bound to one GPU at admission by requests, never queues."""
 
 from __future__ import annotations
 

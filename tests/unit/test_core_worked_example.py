@@ -1,4 +1,4 @@
-"""SPEC.md section 2, the worked example, reproduced exactly: as given/when/then and as a scenario."""
+"""docs/behaviour.md, the worked example, reproduced exactly: as given/when/then and as a scenario."""
 
 from __future__ import annotations
 

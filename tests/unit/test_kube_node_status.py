@@ -1,4 +1,4 @@
-"""The node status gpupool writes, against the source document's samples (byte for byte)."""
+"""The node status gpupool writes, against the documented samples (byte for byte)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from gpupool.kube.records import Node, NodeCondition, NodeStatus, NodeStatusPatc
 T0 = datetime(2025, 1, 7, 4, 13, 4, tzinfo=UTC)
 SETTINGS = NodeStatusSettings()
 
-# The node of the source document before the feature: capacity = allocatable.
+# The documented node before the feature: capacity = allocatable.
 ORIGINAL = {"cpu": "176", "memory": "1800Gi", "nvidia.com/gpu": "16", "ephemeral-storage": "6Ti"}
 QOS_STORAGE = "1.5Ti"  # '{"preemptEnabled": true, "podMaxDurationMinutes": 120, "reservedEphemeralStorage": "1.5Ti"}'
 

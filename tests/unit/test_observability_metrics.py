@@ -1,4 +1,4 @@
-"""Pooling and queue metrics computed on scrape from the projection (SPEC.md sections 5 and 8)."""
+"""Pooling and queue metrics computed on scrape from the projection (docs/behaviour.md)."""
 
 from __future__ import annotations
 
@@ -240,7 +240,7 @@ SPEC_FIXED_LINT = {
     f"{name} label names should be written in 'snake_case' not 'camelCase'"
     for name in ("DCGM_FI_POOLING_STATUS", "DCGM_FI_POOLING_POSITION")
 }
-"""SPEC.md section 5 fixes the label ``NodeName``; promtool's style lint objects to it, and
+"""docs/behaviour.md fixes the label ``NodeName``; promtool's style lint objects to it, and
 that is the only objection allowed."""
 
 

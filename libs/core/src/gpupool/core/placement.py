@@ -1,4 +1,4 @@
-"""The share-pool placement rule, the ready-queue order and positions (SPEC.md sections 2 and 8).
+"""The share-pool placement rule, the ready-queue order and positions (docs/behaviour.md).
 
 Each rule lives here, in one named function:
 
@@ -27,13 +27,13 @@ from gpupool.events import PodRef, Share
 STATUS_DORMANT = 0
 STATUS_READY = 1
 STATUS_RUNNING = 2
-"""``DCGM_FI_POOLING_STATUS`` values (SPEC.md section 8)."""
+"""``DCGM_FI_POOLING_STATUS`` values (docs/behaviour.md)."""
 
 WAITING_MESSAGE = "You have been waiting for {seconds} seconds. Approximate position: {position}"
 
 
 def waiting_message(seconds: int, position: int) -> str:
-    """The exact text a waiting pod prints (source document, byte for byte)."""
+    """The exact text a waiting pod prints (docs/behaviour.md, byte for byte)."""
     return WAITING_MESSAGE.format(seconds=seconds, position=position)
 
 
@@ -76,7 +76,7 @@ def gpu_usage(node: NodeState, pods: Iterable[PodState]) -> GpuUsage:
 
 
 def static_usage(node: NodeState, pods: Iterable[PodState]) -> GpuUsage:
-    """Static pods are bound by their requests (SPEC.md section 8, static model)."""
+    """Static pods are bound by their requests (docs/behaviour.md, static model)."""
     usage: GpuUsage = {gpu.index: Share(core=0, memory=0) for gpu in node.gpus}
     for pod in pods:
         if pod.policy == "static" and pod.gpu_index is not None:
@@ -146,7 +146,7 @@ def node_workload(pods: Iterable[PodState]) -> Workload:
 
 
 def reservation_gpu(usage: GpuUsage, head: PodState, pods: Iterable[PodState]) -> int | None:
-    """The GPU held for the head while later pods backfill (SPEC.md section 8, backfill)."""
+    """The GPU held for the head while later pods backfill (docs/behaviour.md, backfill)."""
     pending = [
         pod.gpu_index
         for pod in pods

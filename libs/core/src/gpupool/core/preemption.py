@@ -1,4 +1,4 @@
-"""Preemption planning (SPEC.md section 8, victim selection), on a snapshot, pure.
+"""Preemption planning (docs/behaviour.md, victim selection), on a snapshot, pure.
 
 Preemption is considered only when the node has ``preemptEnabled`` and the head of
 the ready queue fits on no GPU. Victims are chosen on one GPU: the smallest set

@@ -1,4 +1,4 @@
-"""Validation of pod specs, node policy labels and QoS annotations (SPEC.md sections 3, 4, 8).
+"""Validation of pod specs, node policy labels and QoS annotations (docs/behaviour.md).
 
 Every rejection carries a machine-readable ``reason`` (stable, CamelCase) and a
 human ``message`` that says exactly what is wrong.

@@ -3,7 +3,7 @@
 Version history (``Envelope.schema``):
 
 * 1 — shares in ``PodRegistered`` were fractions of a GPU (``0.5``), as the
-  source document writes them; ``Assigned`` had no ``gpu_uuid``.
+  original annotation format writes them; ``Assigned`` had no ``gpu_uuid``.
 * 2 — shares are integer percentages (``50``), ``Assigned.gpu_uuid`` exists.
 
 Log entries (``LogEntry.schema``, the same counter one level up):

@@ -54,8 +54,8 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
 class QosConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The node's ``alibabacloud.com/gpu-share-qos-config`` annotation, validated.
 
-    The first three fields come from the source document; the others are ours
-    (SPEC.md section 8) and default to the documented behaviour.
+    The first three fields are the annotation's documented ones; the others are ours
+    (docs/behaviour.md) and default to the documented behaviour.
     """
 
     preempt_enabled: bool = False

@@ -2,7 +2,7 @@
 
 From the node's original capacity/allocatable, the configuration in force, the GPU
 count and the reservation settings, ``status_patch`` computes exactly what the
-source document shows. Enabled ``share-pool`` on a 16-GPU node with cpu 176,
+documented format shows (docs/kubernetes.md). Enabled ``share-pool`` on a 16-GPU node with cpu 176,
 memory 1800Gi, ephemeral-storage 6Ti and ``reservedEphemeralStorage: 1.5Ti``::
 
     allocatable: gpu-core.percentage "1600", gpu-memory.percentage "1600",
@@ -23,7 +23,7 @@ GPU-sharing pods still there) changes nothing in force: only
 ``GPUSharePolicyValid`` becomes False with the core's reason and message.
 
 The source's enabled sample spells the reason ``Valied``; that is a typo (its
-disabled sample and SPEC.md say ``Valid``) and gpupool writes ``Valid``.
+disabled sample and docs/behaviour.md say ``Valid``) and gpupool writes ``Valid``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Preemptions, recorded on both pods as the source document shows (SPEC.md section 2).
+"""Preemptions, recorded on both pods as docs/behaviour.md shows.
 
 For every ``Preempted`` event::
 

@@ -6,7 +6,7 @@ and which host pids belong to which pod. ``gpupool.gpus.GpuSample`` satisfies
 samples through without conversion (this package does not import the sampler or
 NVML).
 
-SPEC.md section 5: GPU utilisation and memory stay absolute (whole card); inside the
+docs/behaviour.md: GPU utilisation and memory stay absolute (whole card); inside the
 pod compute utilisation is relative to the pod's limit::
 
     gpupool_pod_compute_utilization_of_limit_ratio = min(1, utilisation / (core limit / 100))
@@ -105,7 +105,7 @@ def pod_utilisation(
 
 
 def utilisation_of_limit(utilisation: float, core_limit_percent: int) -> float:
-    """SPEC.md section 5: compute utilisation relative to the pod's limit, capped at 1."""
+    """docs/behaviour.md: compute utilisation relative to the pod's limit, capped at 1."""
     return min(1.0, max(0.0, utilisation) / (core_limit_percent / 100))
 
 

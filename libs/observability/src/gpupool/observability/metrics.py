@@ -29,7 +29,7 @@ from gpupool.runtime.statistics import LogStatistics
 POOLING_STATUS = "DCGM_FI_POOLING_STATUS"
 POOLING_POSITION = "DCGM_FI_POOLING_POSITION"
 POOLING_LABELS = ("NodeName", "pod", "namespace")
-"""Names and label names fixed by SPEC.md section 5 (hence not Prometheus style)."""
+"""Names and label names fixed by docs/behaviour.md (hence not Prometheus style)."""
 
 PREEMPT_REASONS: tuple[str, ...] = get_args(PreemptReason)
 RELEASE_REASONS: tuple[str, ...] = get_args(ReleaseReason)

@@ -1,6 +1,6 @@
 """Which nodes a pod may go to, and which it should prefer. Pure: nodes, pods and usage in, verdicts out.
 
-Filter (SPEC.md section 6, ours):
+Filter (docs/behaviour.md, ours):
 
 * A pod asking for whole GPUs (``nvidia.com/gpu``, no share resources) is kept
   off every node where GPU sharing is on or being turned on: the node's label
