@@ -21,10 +21,12 @@ train-3 gets GPU 0; #21, #22 the trainings complete.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpupool.cli.main import main
 from gpupool.events import Assigned, Envelope, PodRef, encode_envelope
@@ -520,3 +522,62 @@ def test_a_log_source_is_required(
     monkeypatch.setenv("GPUPOOL_STATE_DIR", str(tmp_path))
     assert main(["verify"]) == 2
     assert "no log to read: give --log FILE or --nats URL" in capsys.readouterr().err
+
+
+def test_verify_json_and_yaml_are_the_report_with_each_violation(
+    logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelopes = read_log_file(logs["worked-example"])
+    injected = Envelope(
+        id="injected-1",
+        time=envelopes[11].time,
+        event=Assigned(
+            pod=PodRef(namespace="default", name="pod-d"),
+            node=NODE,
+            gpu_index=0,
+            gpu_uuid=f"GPU-SIMULATED-{NODE}-0",
+        ),
+    )
+    tampered = tmp_path / "tampered.jsonl"
+    write_log(tampered, [*envelopes[:12], injected, *envelopes[12:]])
+    code, out, _ = gpupool(capsys, "verify", "--log", str(tampered), "-o", "json")
+    assert code == 1
+    report = json.loads(out)
+    assert report["ok"] is False
+    assert (report["entries"], report["assignments"]) == (16, 5)
+    assert [(v["seq"], v["id"], v["type"], v["pod"]) for v in report["violations"]] == [
+        (13, "injected-1", "Assigned", "default/pod-d"),
+        (15, "sim-00000014", "Assigned", "default/pod-d"),
+    ]
+    assert report["invariants"] and all(isinstance(i, str) for i in report["invariants"])
+    code, out, _ = gpupool(capsys, "verify", "--log", str(tampered), "-o", "yaml")
+    assert code == 1
+    assert yaml.safe_load(out) == report
+    code, out, _ = gpupool(capsys, "verify", "--log", str(logs["worked-example"]), "-o", "json")
+    assert code == 0
+    assert json.loads(out)["ok"] is True and json.loads(out)["violations"] == []
+
+
+def test_verify_wide_puts_the_violations_in_a_table(
+    logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelopes = read_log_file(logs["worked-example"])
+    injected = Envelope(
+        id="injected-1",
+        time=envelopes[11].time,
+        event=Assigned(
+            pod=PodRef(namespace="default", name="pod-d"),
+            node=NODE,
+            gpu_index=0,
+            gpu_uuid=f"GPU-SIMULATED-{NODE}-0",
+        ),
+    )
+    tampered = tmp_path / "tampered.jsonl"
+    write_log(tampered, [*envelopes[:12], injected, *envelopes[12:]])
+    code, out, _ = gpupool(capsys, "verify", "--log", str(tampered), "-o", "wide")
+    assert code == 1
+    header, first, second, verdict = out.splitlines()
+    assert header.split() == ["SEQ", "ID", "TYPE", "POD", "VIOLATION"]
+    assert first.split()[:4] == ["13", "injected-1", "Assigned", "default/pod-d"]
+    assert second.split()[:4] == ["15", "sim-00000014", "Assigned", "default/pod-d"]
+    assert verdict.startswith("verify: FAILED, 2 violations;")

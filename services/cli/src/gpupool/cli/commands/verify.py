@@ -8,6 +8,7 @@ from gpupool.cli.audit import INVARIANTS, VerifyReport, verify
 from gpupool.cli.exits import EXIT_FAILURE, EXIT_OK
 from gpupool.cli.log_source import add_log_source_arguments, read_log
 from gpupool.cli.main import Subparsers
+from gpupool.cli.output import add_output_argument, encode, table
 
 
 def register(subparsers: Subparsers) -> None:
@@ -17,6 +18,7 @@ def register(subparsers: Subparsers) -> None:
         description="Fold the whole log and check at every entry: " + "; ".join(INVARIANTS) + ".",
     )
     add_log_source_arguments(parser)
+    add_output_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -44,7 +46,37 @@ def render(report: VerifyReport) -> list[str]:
     return lines
 
 
+def violations_table(report: VerifyReport) -> list[str]:
+    """``-o wide``: one row a violation, the invariant's message in full."""
+    if not report.violations:
+        return []
+    rows = [(str(v.seq), v.id, v.type, v.pod or "-", v.message) for v in report.violations]
+    return table(("SEQ", "ID", "TYPE", "POD", "VIOLATION"), rows)
+
+
+def as_data(report: VerifyReport) -> dict[str, object]:
+    """``-o json|yaml``: the report itself, with its verdict and what was checked."""
+    return {
+        "ok": report.ok,
+        "entries": report.entries,
+        "undecodable": report.undecodable,
+        "nodes": report.nodes,
+        "pods": report.pods,
+        "assignments": report.assignments,
+        "preemptions": report.preemptions,
+        "releases": report.releases,
+        "invariants": list(INVARIANTS),
+        "violations": report.violations,
+    }
+
+
 async def run(args: argparse.Namespace) -> int:
     report = verify(await read_log(args))
-    print("\n".join(render(report)))
+    if args.output in ("json", "yaml"):
+        print(encode(as_data(report), args.output), end="")
+    else:
+        lines = render(report)
+        if args.output == "wide":
+            lines = [*violations_table(report), *lines[len(report.violations) :]]
+        print("\n".join(lines))
     return EXIT_OK if report.ok else EXIT_FAILURE
