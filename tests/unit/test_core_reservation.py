@@ -41,3 +41,13 @@ def test_a_shortfall_in_one_resource_is_not_offset_by_room_in_the_other() -> Non
 def test_on_equal_shortfalls_the_lowest_index_is_reserved() -> None:
     usage = {0: Share(core=0, memory=15), 1: Share(core=15, memory=0)}
     assert reservation_gpu(usage, head(90, 90), []) == 0
+
+
+def test_room_in_one_resource_does_not_offset_a_shortfall_in_the_other_on_either_side() -> None:
+    # GPU 0 has plenty of room in one resource and lacks 20 % of the other; GPU 1 lacks
+    # 5 % of each (10 % in all): GPU 1 is reserved, whichever resource GPU 0 has room in
+    head_pod = head(50, 50)
+    short_in_memory = {0: Share(core=0, memory=70), 1: Share(core=55, memory=55)}
+    short_in_compute = {0: Share(core=70, memory=0), 1: Share(core=55, memory=55)}
+    assert reservation_gpu(short_in_memory, head_pod, []) == 1
+    assert reservation_gpu(short_in_compute, head_pod, []) == 1

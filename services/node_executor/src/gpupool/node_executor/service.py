@@ -688,7 +688,9 @@ class NodeExecutor:
             state = self._pod(pod)
             if state is None or state.gpu_index is None or not pids:
                 continue
-            gpu = self.inventory.by_index(state.gpu_index)
+            gpu = next((g for g in self.inventory.gpus if g.index == state.gpu_index), None)
+            if gpu is None:  # its GPU left the inventory: no sample and no limit to hold it to
+                continue
             guarded.append(
                 GuardedWorkload(
                     pod=pod,
