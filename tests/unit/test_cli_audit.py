@@ -368,15 +368,12 @@ def read_log_file(path: Path) -> list[Envelope]:
     return [decode_envelope(line) for line in path.read_bytes().splitlines()]
 
 
-def test_verify_fails_on_a_conflicting_assignment(
-    logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """At T1 (after #12) an Assigned puts D (limit 100) on GPU 0, where A holds 50."""
+def conflicting_assignment_log(logs: dict[str, Path], tmp_path: Path) -> Path:
+    """The worked example with an Assigned injected at T1 (as #13): D on GPU 0 beside A."""
     envelopes = read_log_file(logs["worked-example"])
-    t1 = envelopes[11]
     injected = Envelope(
         id="injected-1",
-        time=t1.time,
+        time=envelopes[11].time,
         event=Assigned(
             pod=PodRef(namespace="default", name="pod-d"),
             node=NODE,
@@ -386,6 +383,14 @@ def test_verify_fails_on_a_conflicting_assignment(
     )
     tampered = tmp_path / "tampered.jsonl"
     write_log(tampered, [*envelopes[:12], injected, *envelopes[12:]])
+    return tampered
+
+
+def test_verify_fails_on_a_conflicting_assignment(
+    logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At T1 (after #12) an Assigned puts D (limit 100) on GPU 0, where A holds 50."""
+    tampered = conflicting_assignment_log(logs, tmp_path)
     code, out, _ = gpupool(capsys, "verify", "--log", str(tampered))
     assert code == 1
     # #13 is the injected entry; #15 (the simulator's own Assigned of D) now assigns a running pod.
@@ -527,19 +532,7 @@ def test_a_log_source_is_required(
 def test_verify_json_and_yaml_are_the_report_with_each_violation(
     logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    envelopes = read_log_file(logs["worked-example"])
-    injected = Envelope(
-        id="injected-1",
-        time=envelopes[11].time,
-        event=Assigned(
-            pod=PodRef(namespace="default", name="pod-d"),
-            node=NODE,
-            gpu_index=0,
-            gpu_uuid=f"GPU-SIMULATED-{NODE}-0",
-        ),
-    )
-    tampered = tmp_path / "tampered.jsonl"
-    write_log(tampered, [*envelopes[:12], injected, *envelopes[12:]])
+    tampered = conflicting_assignment_log(logs, tmp_path)
     code, out, _ = gpupool(capsys, "verify", "--log", str(tampered), "-o", "json")
     assert code == 1
     report = json.loads(out)
@@ -561,19 +554,7 @@ def test_verify_json_and_yaml_are_the_report_with_each_violation(
 def test_verify_wide_puts_the_violations_in_a_table(
     logs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    envelopes = read_log_file(logs["worked-example"])
-    injected = Envelope(
-        id="injected-1",
-        time=envelopes[11].time,
-        event=Assigned(
-            pod=PodRef(namespace="default", name="pod-d"),
-            node=NODE,
-            gpu_index=0,
-            gpu_uuid=f"GPU-SIMULATED-{NODE}-0",
-        ),
-    )
-    tampered = tmp_path / "tampered.jsonl"
-    write_log(tampered, [*envelopes[:12], injected, *envelopes[12:]])
+    tampered = conflicting_assignment_log(logs, tmp_path)
     code, out, _ = gpupool(capsys, "verify", "--log", str(tampered), "-o", "wide")
     assert code == 1
     header, first, second, verdict = out.splitlines()

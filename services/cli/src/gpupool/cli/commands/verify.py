@@ -8,7 +8,7 @@ from gpupool.cli.audit import INVARIANTS, VerifyReport, verify
 from gpupool.cli.exits import EXIT_FAILURE, EXIT_OK
 from gpupool.cli.log_source import add_log_source_arguments, read_log
 from gpupool.cli.main import Subparsers
-from gpupool.cli.output import add_output_argument, encode, table
+from gpupool.cli.output import add_output_argument, encode, table, to_builtins
 
 
 def register(subparsers: Subparsers) -> None:
@@ -56,18 +56,7 @@ def violations_table(report: VerifyReport) -> list[str]:
 
 def as_data(report: VerifyReport) -> dict[str, object]:
     """``-o json|yaml``: the report itself, with its verdict and what was checked."""
-    return {
-        "ok": report.ok,
-        "entries": report.entries,
-        "undecodable": report.undecodable,
-        "nodes": report.nodes,
-        "pods": report.pods,
-        "assignments": report.assignments,
-        "preemptions": report.preemptions,
-        "releases": report.releases,
-        "invariants": list(INVARIANTS),
-        "violations": report.violations,
-    }
+    return {"ok": report.ok, **to_builtins(report), "invariants": list(INVARIANTS)}
 
 
 async def run(args: argparse.Namespace) -> int:
