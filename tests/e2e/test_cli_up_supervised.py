@@ -268,6 +268,16 @@ async def test_pods_added_while_up_runs_are_registered_and_the_commands_find_its
         )
         assert await added.exit_code() == 0, added.lines
         assert "pod default/pod-x added to" in added.lines[0]
+        # it returns once the log holds the registration: a run started now finds the pod
+        assert added.lines[-1] == "pod default/pod-x registered on node local-node", added.lines
+        refused = await spawn(
+            *cli("pod", "add", "pod-y", "--core", "50", "--memory", "50", "--limit-core", "40"),
+            state_dir=up.state_dir,
+        )
+        assert await refused.exit_code() != 0, refused.lines
+        assert any("pod default/pod-y was rejected (" in line for line in refused.lines), (
+            refused.lines
+        )
         pod_x = await up.pod("pod-x")
         await pod_x.until("working")
         assert await finish(pod_x) == 0

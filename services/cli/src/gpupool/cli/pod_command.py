@@ -2,13 +2,16 @@
 
 The pod is added to the cluster file (``--cluster``, default: the one the running
 ``gpupool up`` uses); the policy service reads the file again when it changes and
-registers the pod. Then ``gpupool run --pod NAME -- CMD`` runs it. The file is
-rewritten as YAML: comments in it are not kept.
+registers the pod. With a running ``gpupool up`` the command waits (``--wait``
+seconds, default 30) until the log records the outcome, PodRegistered or
+PodRejected, and says which, so that a ``gpupool run --pod NAME`` started after it
+finds the pod registered. The file is rewritten as YAML: comments in it are not kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,34 @@ import msgspec
 import yaml
 
 from gpupool.cli.exits import EXIT_OK, CommandFailed, InvalidInput
-from gpupool.cli.stack_address import read_running_stack
+from gpupool.cli.stack_address import RunningStack, read_running_stack
 from gpupool.core.simulation import ScenarioPod
+from gpupool.eventlog.port import StoredEvent
+from gpupool.eventlog.reader import ReadOnlyLog, StreamMissing
+from gpupool.events import PodRef, PodRegistered, PodRejected
+
+DEFAULT_WAIT_S = 30.0
+"""How long ``pod add`` waits for a running ``gpupool up`` to record the pod's outcome."""
+
+
+async def registration_outcome(
+    log: ReadOnlyLog, pod: PodRef, *, after_seq: int
+) -> PodRegistered | PodRejected:
+    """The first PodRegistered or PodRejected of ``pod`` after ``after_seq``, as it arrives."""
+    async for entry in log.entries(from_seq=after_seq + 1):
+        if not isinstance(entry, StoredEvent):
+            continue  # an undecodable entry says nothing about this pod
+        event = entry.envelope.event
+        if isinstance(event, PodRegistered | PodRejected) and event.pod == pod:
+            return event
+    raise CommandFailed("the log ended while waiting")  # a follow never ends by itself
+
+
+async def last_seq(log: ReadOnlyLog) -> int:
+    try:
+        return await log.last_seq()
+    except StreamMissing:
+        return 0
 
 
 def share(value: str) -> int:
@@ -28,7 +57,7 @@ def share(value: str) -> int:
     return number
 
 
-def add(args: argparse.Namespace) -> int:
+async def add(args: argparse.Namespace) -> int:
     cluster_file: Path | None = args.cluster
     running = read_running_stack()
     if cluster_file is None:
@@ -70,16 +99,46 @@ def add(args: argparse.Namespace) -> int:
     ):
         raise InvalidInput(f"pod {args.namespace}/{args.name} is in {cluster_file} already")
     pods.append(pod)
-    temporary = cluster_file.with_name(cluster_file.name + ".tmp")
-    temporary.write_text(yaml.safe_dump(document, sort_keys=False))
-    temporary.replace(cluster_file)
-    print(
-        f"pod {args.namespace}/{args.name} added to {cluster_file} (node {node}, requests "
-        f"{args.core}/{args.memory}, limits {limits['core']}/{limits['memory']})"
-        + ("; the running gpupool up registers it" if running is not None else ""),
-        file=sys.stdout,
-    )
+    log = await connect_log(running) if running is not None and args.wait > 0 else None
+    try:
+        after_seq = await last_seq(log) if log is not None else 0
+        temporary = cluster_file.with_name(cluster_file.name + ".tmp")
+        temporary.write_text(yaml.safe_dump(document, sort_keys=False))
+        temporary.replace(cluster_file)
+        print(
+            f"pod {args.namespace}/{args.name} added to {cluster_file} (node {node}, requests "
+            f"{args.core}/{args.memory}, limits {limits['core']}/{limits['memory']})"
+            + ("; the running gpupool up registers it" if running is not None else ""),
+            file=sys.stdout,
+            flush=True,
+        )
+        if log is None:
+            return EXIT_OK
+        ref = PodRef(namespace=args.namespace, name=args.name)
+        try:
+            async with asyncio.timeout(args.wait):
+                outcome = await registration_outcome(log, ref, after_seq=after_seq)
+        except TimeoutError:
+            raise CommandFailed(
+                f"pod {ref} is in the cluster file, but the running gpupool up recorded no "
+                f"outcome for it within {args.wait:g}s (is its policy service running?)"
+            ) from None
+    finally:
+        if log is not None:
+            await log.close()
+    if isinstance(outcome, PodRejected):
+        raise CommandFailed(f"pod {ref} was rejected ({outcome.reason}): {outcome.message}")
+    print(f"pod {ref} registered on node {outcome.node}", file=sys.stdout)
     return EXIT_OK
+
+
+async def connect_log(running: RunningStack) -> ReadOnlyLog:
+    try:
+        return await ReadOnlyLog.connect(running.nats_url, name="gpupool-pod-add")
+    except (ConnectionError, OSError) as error:
+        raise CommandFailed(
+            f"the running gpupool up's NATS at {running.nats_url} did not answer: {error}"
+        ) from error
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -106,5 +165,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     adding.add_argument("--priority", type=int, default=0)
     adding.add_argument(
         "--cluster", type=Path, help="the cluster file (default: the running gpupool up's)"
+    )
+    adding.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_WAIT_S,
+        metavar="SECONDS",
+        help="with a running gpupool up, wait this long for the pod's registration to be "
+        f"recorded (default {DEFAULT_WAIT_S:g}; 0: do not wait)",
     )
     adding.set_defaults(handler=add)

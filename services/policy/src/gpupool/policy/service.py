@@ -148,7 +148,9 @@ class PolicyService:
                 return None
             return (info.st_mtime_ns, info.st_size)
 
-        seen = stamp()
+        # not stamped now: the file may have changed since it was loaded, so the first look
+        # always reads it again (what it already held is not submitted twice)
+        seen: tuple[int, int] | None = None
         nodes = {command.node: command for command in node_commands(loaded)}
         pods = {(pod.namespace, pod.name) for pod in loaded.pods}
         while True:
@@ -170,12 +172,13 @@ class PolicyService:
                 for pod in cluster.pods
                 if (pod.namespace, pod.name) not in pods
             ]
-            log.info(
-                "policy: %s changed: %d node(s) to configure, %d new pod(s)",
-                path,
-                len(changed),
-                len(new),
-            )
+            if changed or new:
+                log.info(
+                    "policy: %s changed: %d node(s) to configure, %d new pod(s)",
+                    path,
+                    len(changed),
+                    len(new),
+                )
             for command in [*changed, *new]:
                 await self.submit(command)
             nodes.update({c.node: c for c in changed if isinstance(c, ConfigureNode)})
