@@ -15,6 +15,7 @@ from itertools import count
 import pytest
 
 from gpupool.eventlog import (
+    DEFAULT_WRITER,
     ConcurrencyConflict,
     Delivery,
     EventLog,
@@ -27,6 +28,8 @@ from gpupool.eventlog import (
     node_of_subject,
     node_token,
     rejection_envelope,
+    writer_of_subject,
+    writer_subject_filter,
 )
 from gpupool.events import (
     NODELESS,
@@ -125,14 +128,50 @@ async def test_replay_returns_appended_envelopes_in_order_with_their_seqs(
     assert await event_log.last_seq() == seqs[-1]
 
 
-async def test_subject_is_node_token_and_tag(event_log: EventLog) -> None:
+async def test_subject_is_node_token_and_writer(event_log: EventLog) -> None:
     await event_log.append(wrap(ready(node="node.a.example")))
+    await event_log.append_decision(
+        [wrap(ready(node="node.a.example", pod="p1")), wrap(ready(node="node.a.example", pod="p2"))]
+    )
     await event_log.append(wrap(MessageRejected(subject="x", reason="r", payload="")))
 
     subjects = [entry.subject for entry in await collect(event_log)]
 
     prefix = prefix_of(event_log)
-    assert subjects == [f"{prefix}.node_a_example.PodReady", f"{prefix}._.MessageRejected"]
+    writer = DEFAULT_WRITER  # the fixtures' logs are not one of the services
+    assert subjects == [
+        f"{prefix}.node_a_example.{writer}",
+        f"{prefix}.node_a_example.{writer}",
+        f"{prefix}.node_a_example.{writer}",
+        f"{prefix}._.{writer}",
+    ]
+    assert {writer_of_subject(subject) for subject in subjects} == {writer}
+
+
+async def test_a_named_writer_appends_under_its_own_token(
+    nats_url: str, jetstream_log: JetStreamEventLog
+) -> None:
+    prefix = jetstream_log.subject_prefix
+    log = await JetStreamEventLog.connect(
+        nats_url, stream=jetstream_log.stream, subject_prefix=prefix, writer="admission-queue"
+    )
+    memory = InMemoryEventLog(subject_prefix=prefix, writer="admission-queue")
+    try:
+        for each in (log, memory):
+            await each.append(wrap(ready(node="n.1")))
+            [entry] = await collect(each)
+            assert entry.subject == f"{prefix}.n_1.admission-queue"
+            assert node_of_subject(entry.subject) == "n.1"
+            assert entry.subject == writer_subject_filter("admission-queue", "n.1", prefix=prefix)
+    finally:
+        await log.close()
+    assert writer_subject_filter("preemption", prefix=prefix) == f"{prefix}.*.preemption"
+
+
+@pytest.mark.parametrize("writer", ["", "Policy", "a.b", "a*", ">", "x" * 64, "a b"])
+def test_a_writer_that_is_no_subject_token_is_refused(writer: str) -> None:
+    with pytest.raises(ValueError, match="subject token"):
+        InMemoryEventLog(writer=writer)
 
 
 async def test_replay_filters_by_node_and_starts_at_from_seq(event_log: EventLog) -> None:
@@ -219,7 +258,7 @@ async def test_a_rejection_is_recorded_once_whoever_records_it(event_log: EventL
 
     assert by_one == by_another
     [_, rejected] = await collect(event_log)
-    assert rejected.subject == f"{prefix}._.MessageRejected"
+    assert rejected.subject == f"{prefix}._.{DEFAULT_WRITER}"
     event = envelope_of(rejected).event
     assert isinstance(event, MessageRejected)
     assert event.subject == garbage.subject

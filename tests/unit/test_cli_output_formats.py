@@ -71,7 +71,7 @@ def test_log_wide_adds_the_id_and_subject(we: Path, capsys: pytest.CaptureFixtur
         "SUBJECT",
         "DETAILS",
     ]
-    assert first.split()[6:8] == ["sim-00000008", "gpupool.log.cn-wulanchabu-c_cr-xxx.Assigned"]
+    assert first.split()[6:8] == ["sim-00000008", "gpupool.log.cn-wulanchabu-c_cr-xxx.simulator"]
 
 
 def test_history_json(we: Path, capsys: pytest.CaptureFixture[str]) -> None:

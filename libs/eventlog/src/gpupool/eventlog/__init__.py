@@ -30,18 +30,25 @@ from gpupool.eventlog.port import (
 )
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
+    DEFAULT_WRITER,
+    WRITERS,
+    node_entry_subject,
     node_of_subject,
     node_subject_filter,
     node_token,
     subject_for,
+    writer_of_subject,
+    writer_subject_filter,
 )
 
 __all__ = [
     "ACK_WAIT_S",
     "DEFAULT_STREAM",
     "DEFAULT_SUBJECT_PREFIX",
+    "DEFAULT_WRITER",
     "DUPLICATE_WINDOW_S",
     "MAX_DELIVER",
+    "WRITERS",
     "ConcurrencyConflict",
     "Delivery",
     "Entry",
@@ -56,6 +63,7 @@ __all__ = [
     "StoredEvent",
     "Subscription",
     "Undecodable",
+    "node_entry_subject",
     "node_of_subject",
     "node_subject_filter",
     "node_token",
@@ -64,4 +72,6 @@ __all__ = [
     "rejection_envelope",
     "rejection_id",
     "subject_for",
+    "writer_of_subject",
+    "writer_subject_filter",
 ]

@@ -43,9 +43,11 @@ from gpupool.eventlog.port import (
 )
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
+    DEFAULT_WRITER,
     node_subject_filter,
     subject_for,
     subject_matches,
+    writer_token,
 )
 from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
 
@@ -114,8 +116,10 @@ class JetStreamEventLog:
         stream: str,
         subject_prefix: str,
         ack_wait: float,
+        writer: str = DEFAULT_WRITER,
     ) -> None:
         self._nc = nc
+        self.writer = writer_token(writer)
         self._js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
         self.stream = stream
         self.subject_prefix = subject_prefix
@@ -134,11 +138,16 @@ class JetStreamEventLog:
         ack_wait: float = ACK_WAIT_S,
         connect_timeout: float = 10.0,
         name: str = "gpupool",
+        writer: str = DEFAULT_WRITER,
     ) -> JetStreamEventLog:
-        """Connect (retrying for up to ``connect_timeout``) and create the stream if needed."""
+        """Connect (retrying for up to ``connect_timeout``) and create the stream if needed.
+
+        Every entry this log appends goes on ``<prefix>.<node>.<writer>``."""
         events = _ConnectionEvents(url)
         nc = await _connect(url, name=name, wait_for_server=connect_timeout, events=events)
-        log = cls(nc, stream=stream, subject_prefix=subject_prefix, ack_wait=ack_wait)
+        log = cls(
+            nc, stream=stream, subject_prefix=subject_prefix, ack_wait=ack_wait, writer=writer
+        )
         events.log = log
         try:
             await log._ensure_stream()
@@ -195,7 +204,7 @@ class JetStreamEventLog:
         if expected_node_seq is not None:
             headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_node_seq)
             headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = node_filter
-        subject = entry_subject(envelopes, prefix=self.subject_prefix)
+        subject = entry_subject(envelopes, prefix=self.subject_prefix, writer=self.writer)
         data = encode_envelope(envelope) if len(envelopes) == 1 else encode_entry(list(envelopes))
         try:
             ack = await self._publish(subject, data, headers)
@@ -238,7 +247,9 @@ class JetStreamEventLog:
                 for envelope in envelopes[start : start + PIPELINE_WINDOW]:
                     try:
                         future: asyncio.Future[api.PubAck] | None = await self._js.publish_async(
-                            subject_for(envelope.event, prefix=self.subject_prefix),
+                            subject_for(
+                                envelope.event, prefix=self.subject_prefix, writer=self.writer
+                            ),
                             encode_envelope(envelope),
                             headers={H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream},
                         )

@@ -23,9 +23,11 @@ from gpupool.eventlog.port import (
 )
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
+    DEFAULT_WRITER,
     node_subject_filter,
     subject_for,
     subject_matches,
+    writer_token,
 )
 from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
 
@@ -41,8 +43,11 @@ class _Record:
 class InMemoryEventLog:
     """An :class:`~gpupool.eventlog.port.EventLog` held in a list; one per test or simulation."""
 
-    def __init__(self, *, subject_prefix: str = DEFAULT_SUBJECT_PREFIX) -> None:
+    def __init__(
+        self, *, subject_prefix: str = DEFAULT_SUBJECT_PREFIX, writer: str = DEFAULT_WRITER
+    ) -> None:
         self.subject_prefix = subject_prefix
+        self.writer = writer_token(writer)
         self._records: list[_Record] = []
         self._seq_by_id: dict[str, int] = {}
         self._consumers: dict[str, _MemoryConsumer] = {}
@@ -56,7 +61,7 @@ class InMemoryEventLog:
         known = self._seq_by_id.get(envelope.id)
         if known is not None:
             return known
-        subject = subject_for(envelope.event, prefix=self.subject_prefix)
+        subject = subject_for(envelope.event, prefix=self.subject_prefix, writer=self.writer)
         if expected_node_seq is not None:
             node = event_node(envelope.event)
             actual = self._last_seq_matching(node_subject_filter(node, prefix=self.subject_prefix))
@@ -72,7 +77,7 @@ class InMemoryEventLog:
         self._check_open()
         if len(envelopes) == 1:
             return await self.append(envelopes[0], expected_node_seq=expected_node_seq)
-        subject = entry_subject(envelopes, prefix=self.subject_prefix)
+        subject = entry_subject(envelopes, prefix=self.subject_prefix, writer=self.writer)
         entry_id = envelopes[0].id
         known = self._seq_by_id.get(entry_id)
         if known is not None:

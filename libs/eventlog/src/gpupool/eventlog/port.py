@@ -14,7 +14,7 @@ from typing import Protocol
 
 import msgspec
 
-from gpupool.eventlog.subjects import node_token, subject_for
+from gpupool.eventlog.subjects import DEFAULT_WRITER, node_entry_subject, node_token
 from gpupool.events import (
     NODELESS,
     Envelope,
@@ -210,16 +210,12 @@ def read_entry(seq: int, subject: str, data: bytes) -> Entry:
     )
 
 
-DECISION_TAG = "Decision"
-"""The last subject token of a decision entry: ``<prefix>.<node_token>.Decision``."""
-
-
-def entry_subject(envelopes: Sequence[Envelope], *, prefix: str) -> str:
-    """The subject of the entry holding ``envelopes`` (one node's; checked)."""
+def entry_subject(
+    envelopes: Sequence[Envelope], *, prefix: str, writer: str = DEFAULT_WRITER
+) -> str:
+    """The subject of the entry holding ``envelopes`` (one node's; checked), by ``writer``."""
     check_one_node(envelopes)
-    if len(envelopes) == 1:
-        return subject_for(envelopes[0].event, prefix=prefix)
-    return f"{prefix}.{node_token(event_node(envelopes[0].event))}.{DECISION_TAG}"
+    return node_entry_subject(event_node(envelopes[0].event), writer=writer, prefix=prefix)
 
 
 REJECTED_PAYLOAD_LIMIT = 4096

@@ -147,7 +147,9 @@ async def run_service(
     on_listening: Callable[[int], Awaitable[None]] | None = None,
 ) -> None:
     async with AsyncExitStack() as stack:
-        event_log = await JetStreamEventLog.connect(options.nats_url, stream=options.stream)
+        event_log = await JetStreamEventLog.connect(
+            options.nats_url, stream=options.stream, name=service.name, writer=service.name
+        )
         stack.push_async_callback(event_log.close)
         snapshots: FileSnapshotStore | None = None
         if options.snapshot_dir is not None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 from gpupool.cli.exits import CommandFailed, InvalidInput
 from gpupool.cli.stack_address import find_nats_url
 from gpupool.eventlog.port import Entry, StoredEvent, read_entry
-from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX, subject_for
+from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX, SIMULATOR_WRITER, subject_for
 
 if TYPE_CHECKING:
     from gpupool.eventlog.reader import ReadOnlyLog
@@ -171,7 +171,9 @@ def file_entry(seq: int, line: bytes, *, subject_prefix: str) -> Entry:
     entry = read_entry(seq, "", data)
     if isinstance(entry, StoredEvent):
         try:
-            subject = subject_for(entry.envelope.event, prefix=subject_prefix)
+            subject = subject_for(
+                entry.envelope.event, prefix=subject_prefix, writer=SIMULATOR_WRITER
+            )
         except ValueError:
             return entry
         return StoredEvent(seq=seq, subject=subject, envelope=entry.envelope)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpupool.eventlog.port import Entry, StoredEvent, read_entry
 from gpupool.eventlog.reader import DEFAULT_STREAM, ReadOnlyLog
-from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX, subject_for
+from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX, SIMULATOR_WRITER, subject_for
 
 __all__ = ["DEFAULT_STREAM", "FileFeed", "LogFeed", "NatsFeed"]
 
@@ -70,7 +70,11 @@ class FileFeed(LogFeed):
             entry = read_entry(number, "", line)
             if isinstance(entry, StoredEvent):
                 with contextlib.suppress(ValueError):
-                    subject = subject_for(entry.envelope.event, prefix=self.subject_prefix)
+                    subject = subject_for(
+                        entry.envelope.event,
+                        prefix=self.subject_prefix,
+                        writer=SIMULATOR_WRITER,
+                    )
                     entry = StoredEvent(seq=number, subject=subject, envelope=entry.envelope)
             entries.append(entry)
         await self.add(entries)
