@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -33,7 +34,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--subject-prefix", default=DEFAULT_SUBJECT_PREFIX, help="subjects of the log"
     )
-    parser.add_argument("--creds", type=Path, metavar="FILE", help="NATS credentials (read-only)")
+    parser.add_argument(
+        "--creds",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("GPUPOOL_NATS_CREDENTIALS") or None,
+        help="NATS credentials that may only read the log: the reader's nkey seed file "
+        "(`gpupool credentials generate`) or a .creds file (env GPUPOOL_NATS_CREDENTIALS)",
+    )
+    parser.add_argument(
+        "--nats-ca",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("GPUPOOL_NATS_CA") or None,
+        help="PEM of the CA that signed the NATS server's certificate (env GPUPOOL_NATS_CA)",
+    )
     parser.add_argument(
         "--host",
         default=DEFAULT_HOST,
@@ -50,7 +65,11 @@ def feed_for(args: argparse.Namespace) -> LogFeed:
             raise SystemExit(f"gpupool console: {args.log}: no such log file")
         return FileFeed(args.log, subject_prefix=args.subject_prefix)
     return NatsFeed(
-        args.nats, stream=args.stream, subject_prefix=args.subject_prefix, credentials=args.creds
+        args.nats,
+        stream=args.stream,
+        subject_prefix=args.subject_prefix,
+        credentials=args.creds,
+        tls_ca=args.nats_ca,
     )
 
 
