@@ -15,6 +15,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -82,8 +83,29 @@ async def serve(args: argparse.Namespace) -> None:
         print(f"gpupool console: serving http://{host}:{port}/", flush=True)
 
     app = create_app(feed_for(args), on_ready=ready)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(bounded_config(app))
     await server.serve(sockets=[listener])
+
+
+MAX_CONNECTIONS = 64
+"""Connections and requests at once; uvicorn answers the next ones 503."""
+MAX_HEADER_BYTES = 32 * 1024
+KEEP_ALIVE_SECONDS = 5
+
+
+def bounded_config(app: Any) -> uvicorn.Config:
+    """uvicorn, bounded against hostile clients (docs/security.md): connections at once,
+    the size of a request's headers (h11 answers 400 beyond it), idle keep-alive. The
+    console's routes take no body and never read one."""
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="on",
+        http="h11",
+        limit_concurrency=MAX_CONNECTIONS,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,9 +33,7 @@ class HttpsEndpoint(HttpEndpoint):
         self._context = context
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port, ssl=self._context)
-        bound: int = self._server.sockets[0].getsockname()[1]
-        return bound
+        return await self._listen(host, port, ssl=self._context)
 
 
 class WebhookHandlers:
