@@ -2,8 +2,8 @@
 
 ``gpupool credentials generate`` (:func:`gpupool.eventlog.credentials.write_credentials`)
 writes the server's ``authorization`` block, one nkey seed per service and a CA with
-a server certificate. The server here runs with exactly that block and TLS, like
-deploy/base/nats/nats.conf and deploy/compose/nats.conf (which include the same file).
+a server certificate. The server here runs with the deployed nats.conf (Kubernetes,
+dev overlay) and those files where the pods mount them.
 
 What is proved:
 
@@ -25,7 +25,9 @@ for those answers (and check the stream did not change).
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from pathlib import Path
 import msgspec
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 import yaml
 from nats.aio.client import Client as NatsClient
@@ -98,19 +101,31 @@ class Deployment:
         return self.generated.seeds[user]
 
 
+DEPLOYED_CONFIG = ROOT / "deploy" / "overlays" / "dev" / "nats.conf"
+"""The single-server nats.conf of the Kubernetes dev overlay: the base's 3-server one differs
+only by its cluster block (test_deploy_manifests checks both are accepted by nats-server)."""
+
+
 def server_config(directory: Path) -> Path:
-    """The same security settings as deploy/base/nats/nats.conf: the generated users, TLS."""
-    config = directory / "nats.conf"
-    config.write_text(
-        f"""
-include "{AUTH_CONFIG}"
-tls {{
-  cert_file: "{directory / SERVER_CERT}"
-  key_file: "{directory / SERVER_KEY}"
-  timeout: 5
-}}
-"""
+    """The deployed nats.conf, with the Secret's files where the pod mounts them
+    (``/etc/nats/auth``, ``/etc/nats/tls``) moved under ``directory``; the client
+    address and store come from the command line, the monitoring port is any free one."""
+    (directory / "auth").mkdir()
+    (directory / "tls").mkdir()
+    (directory / "auth" / AUTH_CONFIG).write_text((directory / AUTH_CONFIG).read_text())
+    for name in (SERVER_CERT, SERVER_KEY, CA_CERT):
+        (directory / "tls" / name).write_bytes((directory / name).read_bytes())
+    text = DEPLOYED_CONFIG.read_text()
+    assert 'include "auth/nats-auth.conf"' in text and "http: 127.0.0.1:8222" in text
+    text = (
+        text.replace("/etc/nats/", f"{directory}/")
+        .replace("$POD_NAME", "gpupool-nats-0")
+        .replace("/var/run/nats/", f"{directory}/")
+        .replace("http: 127.0.0.1:8222", "http: 127.0.0.1:-1")
+        .replace("store_dir: /data", "")  # the command line's -sd names the temporary store
     )
+    config = directory / "nats.conf"
+    config.write_text(text)
     return config
 
 
@@ -396,3 +411,66 @@ async def test_no_credential_can_purge_delete_or_edit_the_stream(
         assert after.state.first_seq == info.state.first_seq
     finally:
         await nc.close()
+
+
+# ------------------------------------------------------------------ a real service process
+
+
+@pytest.mark.parametrize("service", ["admission-queue", "preemption"])
+async def test_a_service_process_runs_with_its_credential_from_the_environment(
+    deployment: Deployment, service: str, tmp_path: Path
+) -> None:
+    """The deployments' way: GPUPOOL_NATS_CREDENTIALS / GPUPOOL_NATS_CA in the environment.
+    The service connects over TLS, rebuilds, creates its durable, consumes, and stops cleanly."""
+    env = {
+        **os.environ,
+        "GPUPOOL_NATS_URL": deployment.url,
+        "GPUPOOL_NATS_CREDENTIALS": str(deployment.seed(service)),
+        "GPUPOOL_NATS_CA": str(deployment.ca),
+        "GPUPOOL_HTTP_PORT": "0",
+        "GPUPOOL_INSTANCE": "security-test",
+    }
+    module = f"gpupool.{service.replace('-', '_')}"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        module,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert process.stderr is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            async for raw in process.stderr:
+                seen.append(raw.decode(errors="replace"))
+                if "rebuilt from" in seen[-1]:
+                    break
+        assert any("rebuilt from" in line for line in seen), "".join(seen)
+        # its durable exists: the service created it with its own credential
+        violations = Violations()
+        nc = await client(deployment, service, violations)
+        try:
+            async with asyncio.timeout(20):
+                while True:
+                    try:
+                        info = await nc.jetstream(timeout=2).consumer_info(
+                            STREAM, f"{service}-security-test"
+                        )
+                        break
+                    except nats.js.errors.NotFoundError:
+                        await asyncio.sleep(0.1)  # created right after the rebuild: poll the server
+            assert info.config.durable_name == f"{service}-security-test"
+        finally:
+            await nc.close()
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        async with asyncio.timeout(30):
+            rest = await process.stderr.read()
+            code = await process.wait()
+    assert code == 0, "".join(seen) + rest.decode(errors="replace")
+    assert "permissions violation" not in ("".join(seen) + rest.decode()).lower()
