@@ -925,3 +925,28 @@ def test_every_pod_port_has_a_network_policy_and_nothing_else_is_open(target: st
     ports = {port["name"] for c in containers(nats) for port in c["ports"]}
     assert "monitor" not in ports  # the monitoring port listens on the loopback only
     assert "http: 127.0.0.1:8222" in nats_config_text(docs)
+
+
+def test_the_kubernetes_secrets_are_the_ones_the_base_mounts(tmp_path: Path) -> None:
+    generated = write_credentials(tmp_path, nodes=["gpu-node-1"])
+    secrets = {
+        doc["metadata"]["name"]: doc
+        for doc in yaml.safe_load_all((tmp_path / "kubernetes-secrets.yaml").read_text())
+        if doc
+    }
+    assert all(schema_errors(doc, "1.30.0") == [] for doc in secrets.values())
+    docs = built("base")
+    mounted: dict[str, set[str]] = {}
+    for workload in [*of_kind(docs, "Deployment"), *of_kind(docs, "StatefulSet")]:
+        for volume in pod_spec(workload).get("volumes", []):
+            if "secret" in volume:
+                items = volume["secret"].get("items")
+                keys = {i["key"] for i in items} if items else {"credentials.nk", "ca.pem"}
+                mounted.setdefault(volume["secret"]["secretName"], set()).update(keys)
+    assert mounted
+    for name, keys in mounted.items():
+        assert name in secrets, name
+        assert keys <= set(secrets[name]["data"]), name
+    seed = (tmp_path / "nodes" / "gpu-node-1" / "credentials.nk").read_bytes()
+    assert seed == generated.seeds["node-executor-gpu-node-1"].read_bytes()
+    assert (tmp_path / "kubernetes-secrets.yaml").stat().st_mode & 0o777 == 0o600

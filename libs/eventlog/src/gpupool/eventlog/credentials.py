@@ -23,6 +23,7 @@ none but ``stream-admin`` may change its configuration.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 import json
@@ -55,6 +56,9 @@ CA_KEY = "ca-key.pem"
 SERVER_CERT = "server.pem"
 SERVER_KEY = "server-key.pem"
 USERS_FILE = "users.json"
+KUBERNETES_SECRETS = "kubernetes-secrets.yaml"
+NODES_DIR = "nodes"
+NAMESPACE = "gpupool-system"
 
 DEFAULT_TLS_NAMES = (
     "localhost",
@@ -244,7 +248,9 @@ def write_credentials(
     valid_days: int = 825,
 ) -> Generated:
     """Write ``nats-auth.conf``, ``<user>.nk`` for every user, ``users.json`` and (unless
-    ``tls_names`` is None) ``ca.pem``/``ca-key.pem``/``server.pem``/``server-key.pem``."""
+    ``tls_names`` is None) ``ca.pem``/``ca-key.pem``/``server.pem``/``server-key.pem``,
+    ``kubernetes-secrets.yaml`` (the Secrets deploy/base mounts) and ``nodes/<node>/``
+    (``credentials.nk``, ``ca.pem``: each GPU node's ``/etc/gpupool/nats``)."""
     directory.mkdir(parents=True, exist_ok=True)
     keyed: list[tuple[User, str]] = []
     seeds: dict[str, Path] = {}
@@ -269,6 +275,7 @@ def write_credentials(
     )
     if tls_names is not None:
         _write_tls(directory, tls_names, valid_days=valid_days)
+        _write_kubernetes(directory, seeds)
     return Generated(
         directory=directory,
         seeds=seeds,
@@ -276,6 +283,52 @@ def write_credentials(
         auth_config=auth,
         tls=tls_names is not None,
     )
+
+
+def _write_kubernetes(directory: Path, seeds: dict[str, Path]) -> None:
+    """The Secrets deploy/base mounts (``kubectl apply -f kubernetes-secrets.yaml``), and for
+    each GPU node ``nodes/<node>/``: what goes into that node's ``/etc/gpupool/nats``."""
+    ca = (directory / CA_CERT).read_bytes()
+
+    def secret(name: str, files: dict[str, bytes]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "labels": {"app.kubernetes.io/part-of": "gpupool"},
+            },
+            "type": "Opaque",
+            "data": {key: base64.b64encode(value).decode() for key, value in files.items()},
+        }
+
+    documents = [
+        secret(
+            "gpupool-nats-server",
+            {
+                AUTH_CONFIG: (directory / AUTH_CONFIG).read_bytes(),
+                SERVER_CERT: (directory / SERVER_CERT).read_bytes(),
+                SERVER_KEY: (directory / SERVER_KEY).read_bytes(),
+                CA_CERT: ca,
+            },
+        )
+    ]
+    for user in (*CONTROL_PLANE_WRITERS, STREAM_ADMIN, READER):
+        documents.append(
+            secret(
+                f"gpupool-nats-{user}", {"credentials.nk": seeds[user].read_bytes(), CA_CERT: ca}
+            )
+        )
+    _write_secret(
+        directory / KUBERNETES_SECRETS,
+        "".join("---\n" + json.dumps(doc, indent=2) + "\n" for doc in documents).encode(),
+    )
+    for user, path in seeds.items():
+        if user.startswith(f"{NODE_EXECUTOR}-"):
+            node_dir = directory / NODES_DIR / user.removeprefix(f"{NODE_EXECUTOR}-")
+            _write_secret(node_dir / "credentials.nk", path.read_bytes())
+            (node_dir / CA_CERT).write_bytes(ca)
 
 
 def _write_tls(directory: Path, names: Sequence[str], *, valid_days: int) -> None:
