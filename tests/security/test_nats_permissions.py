@@ -474,3 +474,29 @@ async def test_a_service_process_runs_with_its_credential_from_the_environment(
             code = await process.wait()
     assert code == 0, "".join(seen) + rest.decode(errors="replace")
     assert "permissions violation" not in ("".join(seen) + rest.decode()).lower()
+
+
+async def test_the_ensure_stream_step_runs_with_the_stream_admin_credential(
+    deployment: Deployment,
+) -> None:
+    env = {
+        **os.environ,
+        "GPUPOOL_NATS_URL": deployment.url,
+        "GPUPOOL_NATS_CREDENTIALS": str(deployment.seed(STREAM_ADMIN)),
+        "GPUPOOL_NATS_CA": str(deployment.ca),
+        "GPUPOOL_STREAM_REPLICAS": "1",
+        "GPUPOOL_STREAM_DEADLINE_S": "20",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "deploy" / "base" / "nats" / "ensure_stream.py"),
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        _, stderr = await process.communicate()
+    said = stderr.decode(errors="replace")
+    assert process.returncode == 0, said
+    assert "stream GPUPOOL has 1 replica(s); nothing to do" in said
