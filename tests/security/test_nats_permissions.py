@@ -43,12 +43,9 @@ from nats.aio.client import Client as NatsClient
 
 from gpupool.core.simulation import Scenario, simulate
 from gpupool.eventlog.credentials import (
-    AUTH_CONFIG,
     CA_CERT,
     NODE_EXECUTOR,
     READER,
-    SERVER_CERT,
-    SERVER_KEY,
     STREAM_ADMIN,
     Generated,
     connect_options,
@@ -107,31 +104,29 @@ only by its cluster block (test_deploy_manifests checks both are accepted by nat
 
 
 def server_config(directory: Path) -> Path:
-    """The deployed nats.conf, with the Secret's files where the pod mounts them
-    (``/etc/nats/auth``, ``/etc/nats/tls``) moved under ``directory``; the client
+    """The deployed nats.conf at ``<root>/etc/nats/``, the generated files where the pod
+    mounts the Secret (``<root>/etc/nats-credentials``, ``directory`` itself); the client
     address and store come from the command line, the monitoring port is any free one."""
-    (directory / "auth").mkdir()
-    (directory / "tls").mkdir()
-    (directory / "auth" / AUTH_CONFIG).write_text((directory / AUTH_CONFIG).read_text())
-    for name in (SERVER_CERT, SERVER_KEY, CA_CERT):
-        (directory / "tls" / name).write_bytes((directory / name).read_bytes())
+    root = directory.parent.parent
     text = DEPLOYED_CONFIG.read_text()
-    assert 'include "auth/nats-auth.conf"' in text and "http: 127.0.0.1:8222" in text
+    assert 'include "../nats-credentials/nats-auth.conf"' in text
+    assert "http: 127.0.0.1:8222" in text
     text = (
-        text.replace("/etc/nats/", f"{directory}/")
+        text.replace("/etc/", f"{root}/etc/")
         .replace("$POD_NAME", "gpupool-nats-0")
-        .replace("/var/run/nats/", f"{directory}/")
+        .replace("/var/run/nats/", f"{root}/")
         .replace("http: 127.0.0.1:8222", "http: 127.0.0.1:-1")
         .replace("store_dir: /data", "")  # the command line's -sd names the temporary store
     )
-    config = directory / "nats.conf"
+    config = root / "etc" / "nats" / "nats.conf"
+    config.parent.mkdir(parents=True)
     config.write_text(text)
     return config
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    directory = tmp_path_factory.mktemp("credentials")
+    directory = tmp_path_factory.mktemp("deployed") / "etc" / "nats-credentials"
     generated = write_credentials(
         directory, nodes=[*NODES, OTHER_NODE], tls_names=("localhost", "127.0.0.1")
     )

@@ -667,16 +667,12 @@ def test_nats_cluster_routes_quorum_and_stream_replicas_agree(target: str, serve
 @pytest.mark.parametrize("target", ["overlays/dev", "overlays/production"])
 def test_nats_server_accepts_the_rendered_config(target: str, tmp_path: Path) -> None:
     # with the files of the Secret gpupool-nats-server where the pod mounts them
-    generated = write_credentials(tmp_path / "generated", nodes=["gpu-node-1"])
-    (tmp_path / "auth").mkdir()
-    (tmp_path / "auth" / "nats-auth.conf").write_text(generated.auth_config.read_text())
-    (tmp_path / "tls").mkdir()
-    for name in ("server.pem", "server-key.pem", "ca.pem"):
-        (tmp_path / "tls" / name).write_bytes((generated.directory / name).read_bytes())
+    write_credentials(tmp_path / "etc" / "nats-credentials", nodes=["gpu-node-1"])
     text = nats_config_text(built(target))
-    assert 'include "auth/nats-auth.conf"' in text
-    config = tmp_path / "nats.conf"
-    config.write_text(text.replace("/etc/nats/", f"{tmp_path}/"))
+    assert 'include "../nats-credentials/nats-auth.conf"' in text
+    config = tmp_path / "etc" / "nats" / "nats.conf"
+    config.parent.mkdir()
+    config.write_text(text.replace("/etc/", f"{tmp_path}/etc/"))
     result = subprocess.run(
         [str(find_nats_server()), "-t", "-c", str(config)],
         capture_output=True,
@@ -940,10 +936,16 @@ def test_the_kubernetes_secrets_are_the_ones_the_base_mounts(tmp_path: Path) -> 
     for workload in [*of_kind(docs, "Deployment"), *of_kind(docs, "StatefulSet")]:
         for volume in pod_spec(workload).get("volumes", []):
             if "secret" in volume:
-                items = volume["secret"].get("items")
-                keys = {i["key"] for i in items} if items else {"credentials.nk", "ca.pem"}
-                mounted.setdefault(volume["secret"]["secretName"], set()).update(keys)
+                name = volume["secret"]["secretName"]
+                keys = (
+                    {"nats-auth.conf", "server.pem", "server-key.pem", "ca.pem"}
+                    if name == "gpupool-nats-server"  # what nats.conf reads
+                    else {"credentials.nk", "ca.pem"}  # what GPUPOOL_NATS_* name
+                )
+                mounted.setdefault(name, set()).update(keys)
     assert mounted
+    config = nats_config_text(docs)
+    assert all(f"nats-credentials/{key}" in config for key in mounted["gpupool-nats-server"])
     for name, keys in mounted.items():
         assert name in secrets, name
         assert keys <= set(secrets[name]["data"]), name
