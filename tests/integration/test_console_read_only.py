@@ -1,8 +1,8 @@
 """The console reads the log with a NATS user that may only read it.
 
-A real nats-server with two users: ``writer`` (everything) and ``reader``, whose
-permissions allow only what an ordered consumer needs (stream info, creating and
-deleting its ephemeral consumer, flow-control replies, its inbox). The writer
+A real nats-server with two users: ``writer`` (everything) and ``reader``, with the
+permissions ``gpupool credentials generate`` gives its reader (stream info, message
+get, ordered consumers, flow-control replies, its inbox). The writer
 appends the worked example; the console's feed, connected as ``reader``, receives
 every entry, including one appended while it follows; the same user is refused
 when it tries to append to the log.
@@ -11,6 +11,7 @@ when it tries to append to the log.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from nats.js.errors import APIError
 
 from gpupool.console.feed import NatsFeed
 from gpupool.core.simulation import Scenario, simulate
+from gpupool.eventlog.credentials import reader_user
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.nats_server import READY_LINE, find_nats_server
 from gpupool.events import Envelope
@@ -33,18 +35,13 @@ from gpupool.events import Envelope
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-READER_PERMISSIONS = """
-    publish: { allow: [
-      "$JS.API.INFO",
-      "$JS.API.STREAM.INFO.GPUPOOL",
-      "$JS.API.CONSUMER.CREATE.GPUPOOL",
-      "$JS.API.CONSUMER.CREATE.GPUPOOL.>",
-      "$JS.API.CONSUMER.INFO.GPUPOOL.>",
-      "$JS.API.CONSUMER.DELETE.GPUPOOL.>",
-      "$JS.FC.GPUPOOL.>"
-    ] }
-    subscribe: { allow: ["_INBOX.>"] }
-"""
+READER = reader_user().permissions
+"""The reader's permissions, as ``gpupool credentials generate`` grants them (docs/security.md)."""
+READER_PERMISSIONS = (
+    f"publish: {{ allow: {json.dumps(list(READER.publish))}, "
+    f"deny: {json.dumps(list(READER.deny_publish))} }}\n"
+    f"    subscribe: {{ allow: {json.dumps(list(READER.subscribe))} }}"
+)
 
 
 def free_port() -> int:

@@ -22,6 +22,11 @@ REQUEST_TIMEOUT = 0.5
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
     endpoint = HttpEndpoint(request_timeout_seconds=REQUEST_TIMEOUT)
+
+    async def takes_a_body(body: bytes) -> tuple[int, str, bytes]:
+        return 200, "text/plain", body
+
+    endpoint.add("POST", "/body", takes_a_body)
     bound = await endpoint.start("127.0.0.1", 0)
     try:
         yield bound
@@ -46,7 +51,7 @@ async def answer(port: int, sent: bytes) -> bytes:
     [
         pytest.param(b"", id="nothing"),
         pytest.param(b"GET /healthz HTTP/1.1\r\n", id="no-end-of-headers"),
-        pytest.param(b"POST /metrics HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc", id="short-body"),
+        pytest.param(b"POST /body HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc", id="short-body"),
     ],
 )
 async def test_a_client_that_never_finishes_its_request_is_answered_408_and_dropped(

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpupool.eventlog.credentials import write_credentials
+from gpupool.eventlog.nats_server import find_nats_server
 from gpupool.policy.local_config import load_local_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,6 +267,77 @@ def test_docker_compose_accepts_the_file() -> None:
     for profile_args in ([], ["--profile", "simulated"], ["--profile", "gpu"]):
         result = subprocess.run(
             [compose_cli, "-f", str(COMPOSE), *profile_args, "config", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+
+
+# ------------------------------------------------------------------ authenticated NATS
+
+SECURE = ROOT / "deploy" / "compose" / "secure.yaml"
+
+
+def test_the_secure_override_gives_every_nats_client_its_own_generated_user(
+    tmp_path: Path,
+) -> None:
+    base = yaml.safe_load(COMPOSE.read_text())["services"]
+    secure = yaml.safe_load(SECURE.read_text())["services"]
+    node = "gpu-node-1"
+    generated = write_credentials(tmp_path, nodes=[node], tls_names=("127.0.0.1",))
+    for name in GPUPOOL_SERVICES:
+        assert name in base
+        env = secure[name]["environment"]
+        assert env["GPUPOOL_NATS_URL"] == "tls://127.0.0.1:4222"
+        (mount,) = secure[name]["volumes"]
+        _source, target, mode = mount.rsplit(":", 2)
+        assert mode == "ro" and env["GPUPOOL_NATS_CA"] == f"{target}/ca.pem"
+        seed_file = env["GPUPOOL_NATS_CREDENTIALS"].replace(
+            "${GPUPOOL_NODE_NAME:-gpu-node-1}", node
+        )
+        assert seed_file.startswith(f"{target}/")
+        user = seed_file.removeprefix(f"{target}/").removesuffix(".nk")
+        expected = f"node-executor-{node}" if name.startswith("node-executor") else name
+        assert user == expected and user in generated.seeds
+    # the NATS server reads the generated authorization block and TLS files
+    nats_mounts = dict(m.rsplit(":", 2)[:2] for m in secure["nats"]["volumes"])
+    config_source = ROOT / next(s for s, t in nats_mounts.items() if t == "/etc/nats/nats.conf")
+    text = config_source.read_text()
+    assert 'include "credentials/nats-auth.conf"' in text
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "credentials").symlink_to(tmp_path)
+    config = tmp_path / "etc" / "nats.conf"
+    config.write_text(text.replace("/etc/nats/", f"{tmp_path}/etc/"))
+    result = subprocess.run(
+        [str(find_nats_server()), "-t", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_docker_compose_accepts_the_secure_override() -> None:
+    compose_cli = shutil.which("docker-compose", path="/usr/bin:" + os.environ.get("PATH", ""))
+    if compose_cli is None:
+        if os.environ.get("GPUPOOL_REQUIRE_DOCKER") == "1":
+            pytest.fail("docker-compose is missing (bash scripts/install-docker.sh)")
+        pytest.skip("docker-compose is not installed (bash scripts/install-docker.sh)")
+    for profile_args in ([], ["--profile", "simulated"], ["--profile", "gpu"]):
+        result = subprocess.run(
+            [
+                compose_cli,
+                "-f",
+                str(COMPOSE),
+                "-f",
+                str(SECURE),
+                *profile_args,
+                "config",
+                "--quiet",
+            ],
             capture_output=True,
             text=True,
             timeout=60,

@@ -32,7 +32,9 @@ import kubernetes_validate.utils
 import pytest
 import yaml
 
+from gpupool.eventlog.credentials import write_credentials
 from gpupool.eventlog.nats_server import find_nats_server
+from gpupool.kube.node_status import ORIGINAL_ALLOCATABLE_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -311,7 +313,13 @@ def test_each_service_runs_its_module_on_its_port(target: str, app: str) -> None
     assert container["envFrom"] == [
         {"configMapRef": {"name": settings_name(docs)}},
     ]
-    assert settings(docs)["GPUPOOL_NATS_URL"] == "nats://gpupool-nats:4222"
+    assert settings(docs)["GPUPOOL_NATS_URL"] == "tls://gpupool-nats:4222"
+    # each pod's own NATS credential and the CA, mounted where the settings say
+    assert settings(docs)["GPUPOOL_NATS_CREDENTIALS"] == "/etc/gpupool/nats/credentials.nk"
+    assert settings(docs)["GPUPOOL_NATS_CA"] == "/etc/gpupool/nats/ca.pem"
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+    if app != "extender":  # the extender reads Kubernetes only, never the log
+        assert mounts["/etc/gpupool/nats"] == "nats-credentials"
     assert settings(docs)["GPUPOOL_HTTP_HOST"] == "0.0.0.0"
     scrape = {
         "prometheus.io/scrape": "true",
@@ -462,6 +470,7 @@ def test_node_executor_has_exactly_the_privileges_it_needs(target: str) -> None:
     # the workloads' socket, the executor's own workload records (crash recovery), and the
     # directory it puts the CUDA hook library in for the pods
     assert sorted(host_paths) == [
+        "/etc/gpupool/nats",  # this node's own NATS credential (docs/security.md)
         "/run/gpupool",
         "/var/lib/gpupool/cuda-hook",
         "/var/lib/gpupool/node-executor",
@@ -507,7 +516,8 @@ LEAST_PRIVILEGE = {
     | grants("", ["events"], ["create", "patch"])
     | grants("events.k8s.io", ["events"], ["create", "patch"]),
     "gpupool-extender": grants("", ["nodes", "pods"], ["get", "list", "watch"]),
-    "gpupool-node-executor": grants("", ["pods"], ["get", "list", "watch"]),
+    # The executor never calls the API server: it knows its pods from the log.
+    "gpupool-node-executor": set(),
     "gpupool-admission-queue": set(),
     "gpupool-preemption": set(),
     "gpupool-nats": set(),
@@ -656,8 +666,13 @@ def test_nats_cluster_routes_quorum_and_stream_replicas_agree(target: str, serve
 
 @pytest.mark.parametrize("target", ["overlays/dev", "overlays/production"])
 def test_nats_server_accepts_the_rendered_config(target: str, tmp_path: Path) -> None:
-    config = tmp_path / "nats.conf"
-    config.write_text(nats_config_text(built(target)))
+    # with the files of the Secret gpupool-nats-server where the pod mounts them
+    write_credentials(tmp_path / "etc" / "nats-credentials", nodes=["gpu-node-1"])
+    text = nats_config_text(built(target))
+    assert 'include "../nats-credentials/nats-auth.conf"' in text
+    config = tmp_path / "etc" / "nats" / "nats.conf"
+    config.parent.mkdir()
+    config.write_text(text.replace("/etc/", f"{tmp_path}/etc/"))
     result = subprocess.run(
         [str(find_nats_server()), "-t", "-c", str(config)],
         capture_output=True,
@@ -672,12 +687,16 @@ def test_nats_server_accepts_the_rendered_config(target: str, tmp_path: Path) ->
 def test_each_service_pod_ensures_the_stream_before_it_starts() -> None:
     docs = built("overlays/production")
     script = (DEPLOY / "base" / "nats" / "ensure_stream.py").read_text()
-    for app in ("policy", "admission-queue", "preemption", "node-executor"):
+    # The executors get no ensure-stream step: the stream-admin credential may change the
+    # stream's configuration and never goes to a GPU node (docs/security.md).
+    assert "initContainers" not in pod_spec(workload_of(docs, "node-executor"))
+    for app in ("policy", "admission-queue", "preemption"):
         workload = workload_of(docs, app)
         (init,) = pod_spec(workload)["initContainers"]
         assert init["image"] == IMAGE
-        (mount,) = init["volumeMounts"]
+        mount, admin = init["volumeMounts"]
         assert init["command"] == ["python", f"{mount['mountPath']}/ensure_stream.py"]
+        assert env_of(init)["GPUPOOL_NATS_CREDENTIALS"]["value"].startswith(admin["mountPath"])
         (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
         assert named(docs, "ConfigMap", volume["configMap"]["name"])["data"] == {
             "ensure_stream.py": script
@@ -851,3 +870,85 @@ def test_kubernetes_discovery_turns_our_pods_into_the_gpupool_jobs() -> None:
     # A NATS server exposes port 4222 and carries no scrape annotation: not a target.
     nats = named(docs, "StatefulSet", "gpupool-nats")
     assert relabel(pod_target(nats, "10.1.2.4:4222"), job["relabel_configs"]) is None
+
+
+# ------------------------------------------------------------------ admission policies
+
+
+def test_the_policy_services_node_patches_are_held_to_its_annotation() -> None:
+    path = DEPLOY / "admission-policies" / "policy-node-annotations.yaml"
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    for version in KUBERNETES_VERSIONS:
+        assert [e for doc in docs for e in schema_errors(doc, version)] == []
+    policy = next(doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert all("namespace" not in doc["metadata"] for doc in docs)  # cluster-scoped
+    # it names the ServiceAccount the base gives the policy service, and its annotation
+    base = built("base")
+    account = pod_spec(workload_of(base, "policy"))["serviceAccountName"]
+    (condition,) = policy["spec"]["matchConditions"]
+    assert f'"system:serviceaccount:{NAMESPACE}:{account}"' in condition["expression"]
+    allowed = next(v for v in policy["spec"]["variables"] if v["name"] == "allowed")
+    assert json.loads(allowed["expression"]) == [ORIGINAL_ALLOCATABLE_ANNOTATION]
+    # the only write to a whole Node the adapter makes is that annotation's merge patch
+    adapter = (ROOT / "libs/kube/src/gpupool/kube/adapter.py").read_text()
+    assert adapter.count('f"/api/v1/nodes/{_segment(name)}"') == 1
+
+
+# ------------------------------------------------------------------ network policies
+
+
+@pytest.mark.parametrize("target", SERVICE_TARGETS)
+def test_every_pod_port_has_a_network_policy_and_nothing_else_is_open(target: str) -> None:
+    docs = built(target)
+    policies = of_kind(docs, "NetworkPolicy")
+    for workload in workloads(docs):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        name = workload["metadata"]["name"]
+        selecting = [p for p in policies if selects(p["spec"]["podSelector"], labels)]
+        assert selecting, f"{name}: no NetworkPolicy selects its pods"
+        assert all("Ingress" in p["spec"]["policyTypes"] for p in selecting)
+        opened: set[str] = set()
+        for policy in selecting:
+            for rule in policy["spec"].get("ingress", []):
+                assert rule.get("ports"), f"{policy['metadata']['name']}: a rule opens every port"
+                opened |= {str(port["port"]) for port in rule["ports"]}
+        declared = {str(port["name"]) for c in containers(workload) for port in c.get("ports", [])}
+        assert opened == declared, name
+    nats = named(docs, "StatefulSet", "gpupool-nats")
+    ports = {port["name"] for c in containers(nats) for port in c["ports"]}
+    assert "monitor" not in ports  # the monitoring port listens on the loopback only
+    assert "http: 127.0.0.1:8222" in nats_config_text(docs)
+
+
+def test_the_kubernetes_secrets_are_the_ones_the_base_mounts(tmp_path: Path) -> None:
+    generated = write_credentials(tmp_path, nodes=["gpu-node-1"])
+    secrets = {
+        doc["metadata"]["name"]: doc
+        for doc in yaml.safe_load_all((tmp_path / "kubernetes-secrets.yaml").read_text())
+        if doc
+    }
+    assert all(schema_errors(doc, "1.30.0") == [] for doc in secrets.values())
+    docs = built("base")
+    mounted: dict[str, set[str]] = {}
+    for workload in [*of_kind(docs, "Deployment"), *of_kind(docs, "StatefulSet")]:
+        for volume in pod_spec(workload).get("volumes", []):
+            if "secret" in volume:
+                name = volume["secret"]["secretName"]
+                keys = (
+                    {"nats-auth.conf", "server.pem", "server-key.pem", "ca.pem"}
+                    if name == "gpupool-nats-server"  # what nats.conf reads
+                    else {"credentials.nk", "ca.pem"}  # what GPUPOOL_NATS_* name
+                )
+                mounted.setdefault(name, set()).update(keys)
+    assert mounted
+    config = nats_config_text(docs)
+    assert all(f"nats-credentials/{key}" in config for key in mounted["gpupool-nats-server"])
+    for name, keys in mounted.items():
+        assert name in secrets, name
+        assert keys <= set(secrets[name]["data"]), name
+    seed = (tmp_path / "nodes" / "gpu-node-1" / "credentials.nk").read_bytes()
+    assert seed == generated.seeds["node-executor-gpu-node-1"].read_bytes()
+    assert (tmp_path / "kubernetes-secrets.yaml").stat().st_mode & 0o777 == 0o600

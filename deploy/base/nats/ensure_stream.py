@@ -19,7 +19,9 @@ replicas asked for (the last answer is printed when the deadline passes).
 
 Settings (environment): ``GPUPOOL_NATS_URL``, ``GPUPOOL_STREAM`` (default GPUPOOL),
 ``GPUPOOL_STREAM_REPLICAS`` (default 1), ``GPUPOOL_STREAM_DEADLINE_S`` (default 120),
-``GPUPOOL_SUBJECT_PREFIX`` (default: the production prefix; tests use their own).
+``GPUPOOL_SUBJECT_PREFIX`` (default: the production prefix; tests use their own),
+``GPUPOOL_NATS_CREDENTIALS`` (the ``stream-admin`` nkey seed file, where NATS
+authenticates) and ``GPUPOOL_NATS_CA`` (the CA of the server's TLS certificate).
 Exit status: 0 done, 1 deadline passed, 2 bad settings.
 """
 
@@ -30,6 +32,7 @@ import dataclasses
 import os
 import sys
 import time
+from pathlib import Path
 
 import nats
 import nats.errors
@@ -37,6 +40,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 
 from gpupool.eventlog import JetStreamEventLog
+from gpupool.eventlog.credentials import connect_options
 from gpupool.eventlog.jetstream import DEFAULT_STREAM
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
 
@@ -77,16 +81,27 @@ async def ensure_once(
     url: str, stream: str, subject_prefix: str, replicas: int, give_up_at: float
 ) -> str:
     """One attempt: create if missing, set the replicas, wait for them. Returns what was done."""
+    env = os.environ.get
+    credentials = (
+        Path(env("GPUPOOL_NATS_CREDENTIALS", "")) if env("GPUPOOL_NATS_CREDENTIALS") else None
+    )
+    tls_ca = Path(env("GPUPOOL_NATS_CA", "")) if env("GPUPOOL_NATS_CA") else None
     log = await JetStreamEventLog.connect(
         url,
         stream=stream,
         subject_prefix=subject_prefix,
         connect_timeout=5.0,
         name="gpupool-ensure-stream",
+        credentials=credentials,
+        tls_ca=tls_ca,
     )
     await log.close()
     nc = await nats.connect(
-        url, name="gpupool-ensure-stream", connect_timeout=5, max_reconnect_attempts=0
+        url,
+        name="gpupool-ensure-stream",
+        connect_timeout=5,
+        max_reconnect_attempts=0,
+        **connect_options(credentials, tls_ca),
     )
     try:
         js = nc.jetstream(timeout=10.0)

@@ -19,7 +19,7 @@
 {{/* The services' NATS: the bundled cluster, or the existing one (its URL or a Secret's). */}}
 {{- define "gpupool.natsUrl" -}}
 {{- if .Values.nats.bundled -}}
-nats://gpupool-nats:4222
+tls://gpupool-nats:4222
 {{- else if .Values.nats.existing.url -}}
 {{ .Values.nats.existing.url }}
 {{- else if .Values.nats.existing.urlSecret.name -}}

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -32,6 +33,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import api
 
+from gpupool.eventlog.credentials import connect_options
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
     Delivery,
@@ -139,12 +141,22 @@ class JetStreamEventLog:
         connect_timeout: float = 10.0,
         name: str = "gpupool",
         writer: str = DEFAULT_WRITER,
+        credentials: Path | None = None,
+        tls_ca: Path | None = None,
     ) -> JetStreamEventLog:
         """Connect (retrying for up to ``connect_timeout``) and create the stream if needed.
 
-        Every entry this log appends goes on ``<prefix>.<node>.<writer>``."""
+        Every entry this log appends goes on ``<prefix>.<node>.<writer>``. ``credentials``
+        (an nkey seed or ``.creds`` file) and ``tls_ca`` are for an authenticated server
+        (:func:`gpupool.eventlog.credentials.connect_options`); without them, none."""
         events = _ConnectionEvents(url)
-        nc = await _connect(url, name=name, wait_for_server=connect_timeout, events=events)
+        nc = await _connect(
+            url,
+            name=name,
+            wait_for_server=connect_timeout,
+            events=events,
+            options=connect_options(credentials, tls_ca),
+        )
         log = cls(
             nc, stream=stream, subject_prefix=subject_prefix, ack_wait=ack_wait, writer=writer
         )
@@ -657,7 +669,12 @@ class _ConnectionEvents:
 
 
 async def _connect(
-    url: str, *, name: str, wait_for_server: float, events: _ConnectionEvents
+    url: str,
+    *,
+    name: str,
+    wait_for_server: float,
+    events: _ConnectionEvents,
+    options: dict[str, Any] | None = None,
 ) -> NatsClient:
     try:
         return await asyncio.wait_for(
@@ -670,6 +687,7 @@ async def _connect(
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 connect_timeout=2,
+                **(options or {}),
             ),
             timeout=wait_for_server,
         )

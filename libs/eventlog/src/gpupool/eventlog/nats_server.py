@@ -52,9 +52,13 @@ def find_nats_server() -> Path:
     )
 
 
-def nats_server_command(binary: Path, store_dir: Path, ports_dir: Path, port: int) -> list[str]:
+def nats_server_command(
+    binary: Path, store_dir: Path, ports_dir: Path, port: int, config: Path | None = None
+) -> list[str]:
+    """The command line; ``config`` (a nats.conf: users, TLS) is read first, the flags win."""
     return [
         str(binary),
+        *(["-c", str(config)] if config is not None else []),
         "-a",
         "127.0.0.1",
         "-p",
@@ -117,11 +121,12 @@ async def run_nats_server(
     port: int = -1,
     binary: Path | None = None,
     ready_timeout: float = READY_TIMEOUT_S,
+    config: Path | None = None,
 ) -> AsyncIterator[str]:
     """Start nats-server with JetStream stored in ``store_dir``; yield its ``nats://`` URL."""
     binary, ports_dir = _prepare(store_dir, binary)
     process = await asyncio.create_subprocess_exec(
-        *nats_server_command(binary, store_dir, ports_dir, port),
+        *nats_server_command(binary, store_dir, ports_dir, port, config),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
@@ -171,11 +176,12 @@ def nats_server_process(
     port: int = -1,
     binary: Path | None = None,
     ready_timeout: float = READY_TIMEOUT_S,
+    config: Path | None = None,
 ) -> Iterator[str]:
     """The blocking form of :func:`run_nats_server` (a thread reads the server's output)."""
     binary, ports_dir = _prepare(store_dir, binary)
     process = subprocess.Popen(
-        nats_server_command(binary, store_dir, ports_dir, port),
+        nats_server_command(binary, store_dir, ports_dir, port, config),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -19,6 +19,7 @@ from typing import Any
 import nats
 from nats.js import api
 
+from gpupool.eventlog.credentials import connect_options
 from gpupool.eventlog.port import Entry, read_entries
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
 
@@ -46,12 +47,12 @@ class ReadOnlyLog:
         stream: str = DEFAULT_STREAM,
         subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
         credentials: Path | None = None,
+        tls_ca: Path | None = None,
         name: str = "gpupool-reader",
         connect_timeout: float = 10.0,
     ) -> ReadOnlyLog:
         options: dict[str, Any] = {"name": name, "max_reconnect_attempts": -1}
-        if credentials is not None:
-            options["user_credentials"] = str(credentials)
+        options.update(connect_options(credentials, tls_ca))
         try:
             async with asyncio.timeout(connect_timeout):
                 nc = await nats.connect(url, connect_timeout=2, **options)

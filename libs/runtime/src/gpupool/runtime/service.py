@@ -45,6 +45,10 @@ class ServiceOptions(msgspec.Struct, kw_only=True):
     instance: str
     snapshot_dir: Path | None = None
     snapshot_every: int = 10_000
+    nats_credentials: Path | None = None
+    """This service's NATS credential (an nkey seed file); None: an unauthenticated server."""
+    nats_ca: Path | None = None
+    """The CA that signed the NATS server's certificate (TLS); None: the system's, or plain."""
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
@@ -53,6 +57,22 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) 
         "--nats",
         default=env("GPUPOOL_NATS_URL", "nats://127.0.0.1:4222"),
         help="NATS server URL (env GPUPOOL_NATS_URL)",
+    )
+    parser.add_argument(
+        "--nats-credentials",
+        type=Path,
+        default=env("GPUPOOL_NATS_CREDENTIALS") or None,
+        metavar="FILE",
+        help="this service's NATS credential: the nkey seed file `gpupool credentials "
+        "generate` wrote for it, or a .creds file (env GPUPOOL_NATS_CREDENTIALS; "
+        "default: none, for a local server without authentication)",
+    )
+    parser.add_argument(
+        "--nats-ca",
+        type=Path,
+        default=env("GPUPOOL_NATS_CA") or None,
+        metavar="FILE",
+        help="PEM of the CA that signed the NATS server's certificate (env GPUPOOL_NATS_CA)",
     )
     parser.add_argument(
         "--http-host",
@@ -101,6 +121,8 @@ def common_options(args: argparse.Namespace) -> ServiceOptions:
         instance=args.instance,
         snapshot_dir=Path(args.snapshot_dir) if args.snapshot_dir else None,
         snapshot_every=args.snapshot_every,
+        nats_credentials=args.nats_credentials,
+        nats_ca=args.nats_ca,
     )
 
 
@@ -148,7 +170,12 @@ async def run_service(
 ) -> None:
     async with AsyncExitStack() as stack:
         event_log = await JetStreamEventLog.connect(
-            options.nats_url, stream=options.stream, name=service.name, writer=service.name
+            options.nats_url,
+            stream=options.stream,
+            name=service.name,
+            writer=service.name,
+            credentials=options.nats_credentials,
+            tls_ca=options.nats_ca,
         )
         stack.push_async_callback(event_log.close)
         snapshots: FileSnapshotStore | None = None

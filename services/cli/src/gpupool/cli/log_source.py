@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -242,9 +243,18 @@ class NatsLogSource:
     async def connect(cls, url: str, *, stream: str, subject_prefix: str) -> NatsLogSource:
         from gpupool.eventlog.reader import ReadOnlyLog, StreamMissing
 
+        credentials, ca = (
+            os.environ.get("GPUPOOL_NATS_CREDENTIALS"),
+            os.environ.get("GPUPOOL_NATS_CA"),
+        )
         try:
             log = await ReadOnlyLog.connect(
-                url, stream=stream, subject_prefix=subject_prefix, name="gpupool-cli"
+                url,
+                stream=stream,
+                subject_prefix=subject_prefix,
+                name="gpupool-cli",
+                credentials=Path(credentials) if credentials else None,
+                tls_ca=Path(ca) if ca else None,
             )
         except (ConnectionError, OSError, TimeoutError) as exc:
             raise CommandFailed(f"{url}: cannot open stream {stream}: {exc}") from exc

@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpupool.cli.commands.verify",
     "gpupool.cli.commands.explain",
     "gpupool.cli.commands.console",
+    "gpupool.cli.commands.credentials",
     "gpupool.cli.run_command",
     "gpupool.cli.up_command",
     "gpupool.cli.pod_command",

@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -33,7 +35,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--subject-prefix", default=DEFAULT_SUBJECT_PREFIX, help="subjects of the log"
     )
-    parser.add_argument("--creds", type=Path, metavar="FILE", help="NATS credentials (read-only)")
+    parser.add_argument(
+        "--creds",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("GPUPOOL_NATS_CREDENTIALS") or None,
+        help="NATS credentials that may only read the log: the reader's nkey seed file "
+        "(`gpupool credentials generate`) or a .creds file (env GPUPOOL_NATS_CREDENTIALS)",
+    )
+    parser.add_argument(
+        "--nats-ca",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("GPUPOOL_NATS_CA") or None,
+        help="PEM of the CA that signed the NATS server's certificate (env GPUPOOL_NATS_CA)",
+    )
     parser.add_argument(
         "--host",
         default=DEFAULT_HOST,
@@ -50,7 +66,11 @@ def feed_for(args: argparse.Namespace) -> LogFeed:
             raise SystemExit(f"gpupool console: {args.log}: no such log file")
         return FileFeed(args.log, subject_prefix=args.subject_prefix)
     return NatsFeed(
-        args.nats, stream=args.stream, subject_prefix=args.subject_prefix, credentials=args.creds
+        args.nats,
+        stream=args.stream,
+        subject_prefix=args.subject_prefix,
+        credentials=args.creds,
+        tls_ca=args.nats_ca,
     )
 
 
@@ -63,8 +83,29 @@ async def serve(args: argparse.Namespace) -> None:
         print(f"gpupool console: serving http://{host}:{port}/", flush=True)
 
     app = create_app(feed_for(args), on_ready=ready)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(bounded_config(app))
     await server.serve(sockets=[listener])
+
+
+MAX_CONNECTIONS = 64
+"""Connections and requests at once; uvicorn answers the next ones 503."""
+MAX_HEADER_BYTES = 32 * 1024
+KEEP_ALIVE_SECONDS = 5
+
+
+def bounded_config(app: Any) -> uvicorn.Config:
+    """uvicorn, bounded against hostile clients (docs/security.md): connections at once,
+    the size of a request's headers (h11 answers 400 beyond it), idle keep-alive. The
+    console's routes take no body and never read one."""
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="on",
+        http="h11",
+        limit_concurrency=MAX_CONNECTIONS,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

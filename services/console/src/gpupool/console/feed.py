@@ -93,8 +93,10 @@ class NatsFeed(LogFeed):
         stream: str = DEFAULT_STREAM,
         subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
         credentials: Path | None = None,
+        tls_ca: Path | None = None,
     ) -> None:
         super().__init__()
+        self.tls_ca = tls_ca
         self.url = url
         self.stream = stream
         self.subject_prefix = subject_prefix
@@ -110,6 +112,7 @@ class NatsFeed(LogFeed):
             stream=self.stream,
             subject_prefix=self.subject_prefix,
             credentials=self.credentials,
+            tls_ca=self.tls_ca,
             name="gpupool-console",
         )
         self._tasks = [

@@ -27,6 +27,10 @@ _POD = msgspec.json.Decoder(Pod)
 _NODE = msgspec.json.Decoder(Node)
 
 
+MAX_EXTENDER_BODY = 64 * 1024 * 1024
+"""ExtenderArgs carry the candidate nodes whole (nodeCacheCapable: false)."""
+
+
 class ExtenderHandlers:
     def __init__(self, cache: ClusterCache) -> None:
         self._cache = cache
@@ -34,8 +38,9 @@ class ExtenderHandlers:
         """Requests answered, by (verb, outcome): outcome ``ok`` or ``bad-request``."""
 
     def install(self, endpoint: HttpEndpoint) -> None:
-        endpoint.add("POST", "/filter", self.filter)
-        endpoint.add("POST", "/prioritize", self.prioritize)
+        # The scheduler sends every candidate node in full: room for a few thousand nodes.
+        endpoint.add("POST", "/filter", self.filter, max_body=MAX_EXTENDER_BODY)
+        endpoint.add("POST", "/prioritize", self.prioritize, max_body=MAX_EXTENDER_BODY)
 
     def _read(self, body: bytes) -> tuple[ExtenderArgs, Pod, list[Node]]:
         args = decode_args(body)

@@ -33,9 +33,7 @@ class HttpsEndpoint(HttpEndpoint):
         self._context = context
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port, ssl=self._context)
-        bound: int = self._server.sockets[0].getsockname()[1]
-        return bound
+        return await self._listen(host, port, ssl=self._context)
 
 
 class WebhookHandlers:
@@ -121,7 +119,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     registry = CollectorRegistry()
     registry.register(handlers)
     endpoint = HttpsEndpoint(context, registry=registry)
-    endpoint.add("POST", "/mutate", handlers.mutate)
+    # An AdmissionReview holds the pod (at most ~1.5 MiB in etcd), twice on an update.
+    endpoint.add("POST", "/mutate", handlers.mutate, max_body=8 * 1024 * 1024)
     port = await endpoint.start(args.http_host, args.http_port)
     # the line tests and operators wait for
     log.info("gpupool-webhook listening on https://%s:%d", args.http_host, port)

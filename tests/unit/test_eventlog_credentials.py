@@ -1,0 +1,89 @@
+"""The NATS permissions come from the subject layout, and the credential files are what nats needs."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import nkeys
+import pytest
+
+from gpupool.cli.main import main
+from gpupool.eventlog.credentials import (
+    CONTROL_PLANE_WRITERS,
+    NODE_EXECUTOR,
+    connect_options,
+    public_key,
+    users,
+    writer_user,
+)
+from gpupool.eventlog.subjects import WRITERS, writer_subject_filter
+
+
+def test_each_writer_may_publish_on_its_own_subjects_and_no_other_log_subject() -> None:
+    for writer in CONTROL_PLANE_WRITERS:
+        log_subjects = [
+            s for s in writer_user(writer).permissions.publish if s.startswith("gpupool.log.")
+        ]
+        assert log_subjects == [writer_subject_filter(writer)]
+    executor = writer_user(NODE_EXECUTOR, node="gpu.node.1")
+    assert executor.name == "node-executor-gpu_node_1"
+    assert [s for s in executor.permissions.publish if s.startswith("gpupool.log.")] == [
+        "gpupool.log.gpu_node_1.node-executor"
+    ]
+
+
+def test_every_writer_of_the_layout_gets_a_user() -> None:
+    names = {user.name for user in users(["n1", "n2"])}
+    assert {w for w in WRITERS if w != NODE_EXECUTOR} <= names
+    assert {"node-executor-n1", "node-executor-n2", "reader", "stream-admin"} <= names
+
+
+def test_no_user_is_allowed_to_purge_delete_or_update_the_stream() -> None:
+    for user in users(["n1"]):
+        allowed = user.permissions.publish
+        assert not [s for s in allowed if ".PURGE." in s or ".STREAM.DELETE." in s]
+        assert not [s for s in allowed if s.endswith(">") and s.startswith("$JS.API.STREAM")]
+        if user.name != "stream-admin":
+            assert not [s for s in allowed if ".STREAM.UPDATE." in s]
+        assert "$JS.API.STREAM.PURGE.>" in user.permissions.deny_publish
+
+
+def test_an_executor_user_names_its_node_and_the_others_do_not() -> None:
+    with pytest.raises(ValueError, match="one node"):
+        writer_user(NODE_EXECUTOR)
+    with pytest.raises(ValueError, match="every node"):
+        writer_user("policy", node="n1")
+
+
+def test_generate_writes_seeds_only_the_owner_can_read_and_the_servers_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "creds"
+    assert main(["credentials", "generate", "--out", str(out), "--node", "gpu-node-1"]) == 0
+    seed = out / "node-executor-gpu-node-1.nk"
+    assert stat.S_IMODE(seed.stat().st_mode) == 0o600
+    assert stat.S_IMODE((out / "ca-key.pem").stat().st_mode) == 0o600
+    key = public_key(seed.read_bytes().strip())
+    assert nkeys.from_seed(bytearray(seed.read_bytes().strip())).public_key.decode() == key
+    config = (out / "nats-auth.conf").read_text()
+    assert f"nkey: {key}" in config
+    assert config.count("nkey: U") == 6
+    assert key in capsys.readouterr().out
+    assert connect_options(seed) == {"nkeys_seed": str(seed)}
+    assert "tls" in connect_options(None, out / "ca.pem")
+
+
+def test_a_file_that_is_no_credential_is_refused_clearly(tmp_path: Path) -> None:
+    junk = tmp_path / "junk"
+    junk.write_text("hello")
+    with pytest.raises(ValueError, match="neither an nkey user seed"):
+        connect_options(junk)
+
+
+def test_a_node_name_that_cannot_be_a_subject_token_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["credentials", "generate", "--out", str(tmp_path), "--node", "a b"])
+    assert code != 0
+    assert "cannot be a NATS subject token" in capsys.readouterr().err
