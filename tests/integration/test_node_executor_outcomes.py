@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import shutil
 import socket
 import sys
@@ -540,3 +541,44 @@ def test_pod_owners_come_from_the_cluster_file(tmp_path: Path) -> None:
     assert nobody.authorise(77, A) is None
     refused = nobody.authorise(1000, A)
     assert refused is not None and "no cluster file" in refused.message
+
+
+async def test_a_command_that_finished_as_the_executor_stops_is_recorded_as_finished(
+    tmp_path: Path, devnull: int
+) -> None:
+    """The command exited (code 0) but its session had not yet seen it when the graceful stop
+    came: its end is `completed`, not `cancelled` (8 finished commands were recorded wrongly)."""
+    log = InMemoryEventLog()
+    for event in NODE_EVENTS:
+        await append(log, event)
+    inbox = Inbox()
+    go = tmp_path / "go"
+    job = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)\n"
+    async with executor_on(log, tmp_path):
+        client = asyncio.create_task(
+            run_workload(
+                tmp_path / "gpupool.sock",
+                RunRequest(pod=A, argv=[sys.executable, "-c", job], cwd="/", env={}),
+                on_message=inbox,
+                fds=(devnull, devnull, devnull),
+            )
+        )
+        await until_logged(log, PodReady, A)
+        admission = await decider(log, "admission-queue")
+        await admission.execute(Schedule(node=NODE), node=NODE)
+        started = await inbox.until(Started)
+        assert isinstance(started, Started)
+        pidfd = os.pidfd_open(started.pid)
+        go.touch()
+        # block the event loop until the command is gone, so its session cannot see it first
+        select.select([pidfd], [], [], TIMEOUT)
+        os.close(pidfd)
+    async with asyncio.timeout(TIMEOUT):
+        assert await client == 0
+    assert inbox.messages[-1] == Exited(exit_code=0, reason="completed")
+    releases = [
+        e.envelope.event
+        for e in [entry async for entry in log.replay()]
+        if isinstance(e, StoredEvent) and isinstance(e.envelope.event, Released)
+    ]
+    assert [(r.reason, r.exit_code) for r in releases] == [("completed", 0)]

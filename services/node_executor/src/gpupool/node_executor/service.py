@@ -78,6 +78,7 @@ from gpupool.node_executor.peer_identity import (
 from gpupool.node_executor.pod_owners import PodOwners
 from gpupool.node_executor.processes import (
     ProcessSupervisor,
+    Termination,
     Workload,
     WorkloadStartFailed,
     group_members,
@@ -381,10 +382,11 @@ class NodeExecutor:
         if workload is not None:
             log.info("node-executor: stopping, ending %s", session.pod)
             termination = await self.supervisor.terminate(workload, self._grace_seconds())
-            await self._release(session.pod, "cancelled", termination.exit_code)
+            reason = ended_reason(termination, "cancelled")
+            await self._release(session.pod, reason, termination.exit_code)
             workload.forget()
             session.workload = None
-            await session.send(Exited(exit_code=termination.exit_code, reason="cancelled"))
+            await session.send(Exited(exit_code=termination.exit_code, reason=reason))
             return
         if session.finished_word:
             return
@@ -801,12 +803,14 @@ class NodeExecutor:
         assert workload is not None
         termination = await self.supervisor.terminate(workload, self._grace_seconds())
         state = self._pod(session.pod)
+        told: ReleaseReason = ended_reason(termination, "cancelled")
         if reason is not None and state is not None and state.phase == "running":
-            await self._release(session.pod, reason, termination.exit_code)
+            told = ended_reason(termination, reason)
+            await self._release(session.pod, told, termination.exit_code)
         workload.forget()
         session.workload = None
         if tell_client:
-            await session.send(Exited(exit_code=termination.exit_code, reason="cancelled"))
+            await session.send(Exited(exit_code=termination.exit_code, reason=told))
 
     async def _preempt(self, session: PodSession, state: PodState) -> bool:
         workload = session.workload
@@ -892,6 +896,14 @@ class NodeExecutor:
             return
         self._oom[overrun.pod] = overrun
         await self.supervisor.terminate(session.workload, 0)
+
+
+def ended_reason(termination: Termination, otherwise: ReleaseReason) -> ReleaseReason:
+    """A command found already gone when it was to be ended finished by itself: its own end
+    (completed, or failed with its code) is the truth, not the reason it was to be ended for."""
+    if termination.ended_by == "exited":
+        return "completed" if termination.exit_code == 0 else "failed"
+    return otherwise
 
 
 class _HookedExecutorView:
