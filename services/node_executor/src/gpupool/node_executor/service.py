@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
@@ -81,6 +82,7 @@ from gpupool.node_executor.processes import (
     Termination,
     Workload,
     WorkloadStartFailed,
+    credentials_of,
     group_members,
 )
 from gpupool.node_executor.socket_refusals import RefusalSummary
@@ -744,6 +746,11 @@ class NodeExecutor:
                 run_as=(peer.uid, peer.gid) if peer is not None else None,
                 namespaces_of=peer.pid
                 if peer is not None and self.run_in_caller_namespaces
+                else None,
+                # the caller's groups and capabilities, no more (only a root executor has more
+                # to give away, and only it can drop them)
+                credentials=credentials_of(peer.pid, peer.uid, peer.gid)
+                if peer is not None and os.geteuid() == 0
                 else None,
             )
         except WorkloadStartFailed as error:
