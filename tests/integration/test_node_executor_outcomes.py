@@ -24,6 +24,7 @@ from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpupool.core import Schedule
@@ -46,7 +47,7 @@ from gpupool.events import (
 from gpupool.gpus import simulated_inventory
 from gpupool.node_executor.inventory import sampler_for
 from gpupool.node_executor.pod_owners import PodOwners
-from gpupool.node_executor.processes import ProcessSupervisor, group_members
+from gpupool.node_executor.processes import ProcessSupervisor, WorkloadRecord, group_members
 from gpupool.node_executor.service import NodeExecutor
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.workload import (
@@ -582,3 +583,53 @@ async def test_a_command_that_finished_as_the_executor_stops_is_recorded_as_fini
         if isinstance(e, StoredEvent) and isinstance(e.envelope.event, Released)
     ]
     assert [(r.reason, r.exit_code) for r in releases] == [("completed", 0)]
+
+
+async def test_a_pod_assigned_before_the_executor_died_runs_when_its_client_reattaches(
+    tmp_path: Path, devnull: int
+) -> None:
+    """Assigned in the log, but no record of a command: it never started (every command is
+    recorded before it starts). The restarted executor keeps the GPU for the client and runs
+    the command once it reattaches, instead of recording a failure nobody had."""
+    log = InMemoryEventLog()
+    sent = datetime.now(UTC) - timedelta(seconds=5)
+    for event in NODE_EVENTS:
+        await append(log, event, at=sent - timedelta(seconds=60))
+    await append(log, PodReady(pod=A, node=NODE), at=sent + timedelta(seconds=1))
+    admission = await decider(log, "admission-queue")
+    await admission.execute(Schedule(node=NODE), node=NODE)
+    inbox = Inbox()
+    async with executor_on(log, tmp_path):
+        code = await run_workload(
+            tmp_path / "gpupool.sock",
+            reattaching(A, [sys.executable, "-c", "raise SystemExit(4)"], sent.timestamp()),
+            on_message=inbox,
+            fds=(devnull, devnull, devnull),
+        )
+    assert code == 4
+    assert isinstance(inbox.messages[0], Started)
+    assert inbox.messages[-1] == Exited(exit_code=4, reason="failed")
+    releases = [
+        (e.envelope.event.reason, e.envelope.event.exit_code)
+        for e in [entry async for entry in log.replay()]
+        if isinstance(e, StoredEvent) and isinstance(e.envelope.event, Released)
+    ]
+    assert releases == [("failed", 4)]
+
+
+def test_a_command_recorded_as_starting_is_resolved_by_its_shim_or_status(tmp_path: Path) -> None:
+    records = tmp_path / "workloads"
+    supervisor = ProcessSupervisor(records_dir=records)
+    for name, status in (("never", None), ("ended", "3\n")):
+        pod = PodRef(namespace="default", name=name)
+        record, status_file = supervisor._paths(pod)
+        if status is not None:
+            status_file.write_text(status)
+        record.write_bytes(
+            msgspec.json.encode(
+                WorkloadRecord(pod=pod, pid=0, start_ticks=0, status_file=str(status_file))
+            )
+        )
+    adopted = supervisor.adopt()
+    assert [(w.pod.name, w.pid) for w in adopted] == [("ended", -1)]
+    assert not (records / "default.never.json").exists()  # it never started: forgotten

@@ -315,6 +315,30 @@ async def wait_group_gone(leader: int, within_seconds: float) -> list[int]:
                 os.close(fd)
 
 
+def _write_record(path: Path, record: WorkloadRecord) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_bytes(msgspec.json.encode(record))
+    os.replace(temporary, path)
+
+
+def shim_of(status_file: Path) -> int | None:
+    """The live shim process writing ``status_file`` (its argv names it), if any."""
+    wanted = os.fsencode(status_file)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                words = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted in words and SHIM[-1].encode() in words:
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                return int(entry)
+    return None
+
+
 class ProcessSupervisor:
     """Starts, waits for and ends workloads. One per node-executor.
 
@@ -352,7 +376,14 @@ class ProcessSupervisor:
                 continue
             status = Path(record.status_file)
             pid = record.pid
-            if process_start_ticks(pid) != record.start_ticks:
+            if pid == 0:  # recorded as starting: the executor stopped before it knew the pid
+                found = shim_of(status)
+                if found is None and not status.exists():
+                    # no shim runs with that status file and none wrote it: it never started
+                    record_path.unlink(missing_ok=True)
+                    continue
+                pid = found if found is not None else -1
+            elif process_start_ticks(pid) != record.start_ticks:
                 pid = -1  # gone (or its pid reused): only the status file can tell its end
             adopted.append(Workload(record.pod, pid, status_file=status, record=record_path))
         return adopted
@@ -400,6 +431,12 @@ class ProcessSupervisor:
         if argv and (status_file is not None or shim_options):
             status = str(status_file) if status_file is not None else "-"
             command = [sys.executable, *SHIM, status, *shim_options, "--", *command]
+        if record_path is not None and status_file is not None:
+            # recorded as starting before it starts: a crash in between cannot lose it
+            _write_record(
+                record_path,
+                WorkloadRecord(pod=pod, pid=0, start_ticks=0, status_file=str(status_file)),
+            )
         try:
             if not argv:
                 raise ValueError("empty command")
@@ -414,6 +451,8 @@ class ProcessSupervisor:
                 **identity,  # type: ignore[arg-type]
             )
         except (OSError, ValueError) as error:
+            if record_path is not None:
+                record_path.unlink(missing_ok=True)
             raise WorkloadStartFailed(argv, error) from error
         if record_path is not None and status_file is not None:
             record = WorkloadRecord(
@@ -422,9 +461,7 @@ class ProcessSupervisor:
                 start_ticks=process_start_ticks(process.pid) or 0,
                 status_file=str(status_file),
             )
-            temporary = record_path.with_suffix(".tmp")
-            temporary.write_bytes(msgspec.json.encode(record))
-            os.replace(temporary, record_path)
+            _write_record(record_path, record)
         return Workload(
             pod, process.pid, process=process, status_file=status_file, record=record_path
         )

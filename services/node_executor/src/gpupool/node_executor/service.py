@@ -299,6 +299,15 @@ class NodeExecutor:
                     self.reattach_seconds,
                 )
                 self._spawn(PodSession(pod=pod.ref))
+            elif pod.phase == "running" and self.supervisor.records_dir is not None:
+                # every command is recorded before it starts: with no record, it never started
+                log.info(
+                    "node-executor: %s was assigned but its command never started here; "
+                    "keeping its GPU for %.0fs while its client reconnects",
+                    pod.ref,
+                    self.reattach_seconds,
+                )
+                self._spawn(PodSession(pod=pod.ref))
             elif pod.phase == "running":
                 log.warning(
                     "node-executor: %s runs in the log but no workload of it is known here; "
