@@ -110,6 +110,8 @@ MAX_KEPT_OUTCOMES = 1024
 RECORD_RETRY_FIRST_SECONDS = 0.1
 RECORD_RETRY_MAX_SECONDS = 2.0
 """Back-off between attempts to record an event while the log cannot be reached."""
+REFUSAL_RECORD_SECONDS = 30.0
+"""How long recording a refusal is retried while the log cannot be reached."""
 STOP_RECORD_SECONDS = 15.0
 """On a graceful stop, how long recording the sessions' ends keeps being retried."""
 
@@ -413,10 +415,26 @@ class NodeExecutor:
     # ------------------------------------------------------------------ connections
 
     async def _record(self, event: PodRejected | MessageRejected) -> None:
-        """A rejection that is no core decision (bad bytes, a refused caller) is still an event."""
-        await self.loop.log.append(
-            Envelope(id=uuid.uuid4().hex, time=self.loop.clock(), event=event)
-        )
+        """A rejection that is no core decision (bad bytes, a refused caller) is still an event.
+
+        Retried (one envelope id: an append that landed is not repeated) while the log cannot
+        be reached, for up to ``REFUSAL_RECORD_SECONDS``.
+        """
+        envelope = Envelope(id=uuid.uuid4().hex, time=self.loop.clock(), event=event)
+        clock = asyncio.get_running_loop()
+        give_up = clock.time() + REFUSAL_RECORD_SECONDS
+        delay = RECORD_RETRY_FIRST_SECONDS
+        while True:
+            try:
+                await self.loop.log.append(envelope)
+                return
+            except Exception as error:
+                if clock.time() + delay >= give_up:
+                    raise
+                self.record_retries += 1
+                log.warning("node-executor: could not record a refusal (%s); retrying", error)
+                await asyncio.sleep(delay)  # a back-off between attempts, not a wait for a state
+                delay = min(delay * 2, RECORD_RETRY_MAX_SECONDS)
 
     async def _record_bad_request(
         self, peer: PeerIdentity, data: bytes, reason: str, message: str
