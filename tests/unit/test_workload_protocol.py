@@ -209,3 +209,5 @@ def test_run_main_without_executor_exits_69_after_its_reconnect_window(tmp_path:
     assert code == EXIT_EXECUTOR_UNAVAILABLE
     assert "cannot reach the node-executor" in err.getvalue()
     assert "gave up connecting after 0.3s" in err.getvalue()
+    assert "trying again for up to 0.3s" in err.getvalue()  # said once, while it retried
+    assert err.getvalue().count("trying again") == 1

@@ -56,6 +56,7 @@ async def run_workload(
     on_message: Callable[[ExecutorMessage], None],
     fds: StdioFds = (0, 1, 2),
     reconnect_seconds: float = 0.0,
+    on_retry: Callable[[str], None] | None = None,
 ) -> int:
     """Ask the executor at ``socket_path`` to run ``request`` with our ``fds`` as its stdio.
 
@@ -72,6 +73,7 @@ async def run_workload(
     if not request.sent_at:
         request = msgspec.structs.replace(request, sent_at=time.time())
     deadline = loop.time() + reconnect_seconds
+    told_retrying = False
     while True:  # the first connection: retried while no executor listens (it may be restarting)
         try:
             return await _one_connection(socket_path, request, on_message, fds)
@@ -85,6 +87,9 @@ async def run_workload(
                 raise ExecutorUnavailable(
                     f"{lost} (gave up connecting after {reconnect_seconds:g}s)"
                 ) from lost
+            if on_retry is not None and not told_retrying:
+                on_retry(f"{lost}; trying again for up to {reconnect_seconds:g}s")
+                told_retrying = True
             await asyncio.sleep(RECONNECT_INTERVAL_SECONDS)  # back off before the next attempt
     if reconnect_seconds <= 0:
         raise lost
@@ -244,6 +249,7 @@ def run_main(
                 on_message=ConsoleReporter(out, err),
                 fds=fds,
                 reconnect_seconds=invocation.reconnect_seconds,
+                on_retry=lambda text: print(f"gpupool run: {text}", file=err, flush=True),
             )
         )
     except (ExecutorUnavailable, ProtocolError) as error:
