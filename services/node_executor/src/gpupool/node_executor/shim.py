@@ -102,7 +102,8 @@ def drop_privileges(credentials: Credentials) -> None:
     os.setresgid(credentials.gid, credentials.gid, credentials.gid)
     if credentials.uid == 0:
         # root keeps at most the caller's bounding set on exec; its sets now are the caller's
-        ceiling = credentials.bnd
+        # (within what this process holds: a capability the executor lacks cannot be given)
+        ceiling = credentials.bnd & _own_permitted()
         data = (_CapData * 2)()
         for word in range(2):
             data[word].effective = (credentials.eff & ceiling) >> (32 * word) & 0xFFFFFFFF
@@ -113,6 +114,17 @@ def drop_privileges(credentials: Credentials) -> None:
     else:
         _libc.prctl(_PR_SET_KEEPCAPS, 0, 0, 0, 0)  # setuid away from 0 clears every capability
         os.setresuid(credentials.uid, credentials.uid, credentials.uid)
+
+
+def _own_permitted() -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("CapPrm:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def enter_namespaces(namespace_fds: list[tuple[int, int]], cwd: str) -> None:
