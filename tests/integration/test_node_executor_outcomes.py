@@ -39,6 +39,7 @@ from gpupool.events import (
     PodReady,
     PodRef,
     PodRegistered,
+    PodRejected,
     Preempted,
     QosConfig,
     Released,
@@ -46,6 +47,7 @@ from gpupool.events import (
 )
 from gpupool.gpus import simulated_inventory
 from gpupool.node_executor.inventory import sampler_for
+from gpupool.node_executor.peer_identity import IdentityMode
 from gpupool.node_executor.pod_owners import PodOwners
 from gpupool.node_executor.processes import ProcessSupervisor, WorkloadRecord, group_members
 from gpupool.node_executor.service import NodeExecutor
@@ -131,6 +133,7 @@ async def executor_on(
     pod_owners: PodOwners | None = None,
     fail_on_exit: bool = False,
     socket_path: Path | None = None,
+    identity: IdentityMode = "request",
 ) -> AsyncIterator[NodeExecutor]:
     """A node-executor serving on ``tmp_path``/gpupool.sock until the block ends.
 
@@ -147,6 +150,7 @@ async def executor_on(
         message_period_seconds=3600,
         reattach_seconds=5,
         pod_owners=pod_owners,
+        identity=identity,
     )
     with suppress(ConsumerFailed):
         async with AsyncExitStack() as stack:
@@ -633,3 +637,36 @@ def test_a_command_recorded_as_starting_is_resolved_by_its_shim_or_status(tmp_pa
     adopted = supervisor.adopt()
     assert [(w.pod.name, w.pid) for w in adopted] == [("ended", -1)]
     assert not (records / "default.never.json").exists()  # it never started: forgotten
+
+
+async def test_a_flood_of_refused_callers_costs_a_few_events_and_one_summary(
+    tmp_path: Path, devnull: int
+) -> None:
+    """Kernel mode, a caller in no pod, 40 times: each is answered; the first 10 are recorded
+    as PodRejected, the other 30 are counted in one SocketRefusals summary."""
+    log = InMemoryEventLog()
+    for event in NODE_EVENTS:
+        await append(log, event)
+    async with executor_on(log, tmp_path, identity="kernel"):
+        codes = [
+            await run_workload(
+                tmp_path / "gpupool.sock",
+                RunRequest(pod=A, argv=["true"], cwd="/", env={}),
+                on_message=lambda message: None,
+                fds=(devnull, devnull, devnull),
+            )
+            for _ in range(40)
+        ]
+    assert codes == [2] * 40
+    events = [
+        e.envelope.event
+        for e in [entry async for entry in log.replay()]
+        if isinstance(e, StoredEvent)
+    ]
+    rejected = [e for e in events if isinstance(e, PodRejected)]
+    summaries = [e for e in events if isinstance(e, MessageRejected)]
+    assert len(rejected) == 10 and {r.reason for r in rejected} == {"NotInAPod"}
+    (summary,) = summaries
+    assert summary.reason.startswith("SocketRefusals: 30 more refusals in ")
+    counts = msgspec.json.decode(summary.payload)
+    assert counts["by_reason"] == {"NotInAPod": 30}

@@ -466,14 +466,15 @@ class NodeExecutor:
         identity = pod_of_peer(self.identity, request.pod, channel.peer, pods_by_uid)
         if isinstance(identity, IdentityRefused):
             log.warning("node-executor: refused a caller: %s", identity.message)
-            await self._record(
-                PodRejected(
-                    pod=request.pod,
-                    node=self.node,
-                    reason=identity.reason,
-                    message=identity.message,
+            if channel.claim_refusal(identity.reason, identity.message):  # else: in the summary
+                await self._record(
+                    PodRejected(
+                        pod=request.pod,
+                        node=self.node,
+                        reason=identity.reason,
+                        message=identity.message,
+                    )
                 )
-            )
             await channel.send(Rejected(reason=identity.reason, message=identity.message))
             return
         pod = identity
@@ -964,9 +965,13 @@ class _HookedExecutorView:
             if pod.uid
         }
 
-    async def record_refusal(self, pod: PodRef | None, reason: str, message: str) -> None:
+    async def record_refusal(
+        self, pod: PodRef | None, reason: str, message: str, channel: Channel | None = None
+    ) -> None:
         executor = self._executor
         log.warning("node-executor: refused a CUDA hook: %s", message)
+        if channel is not None and not channel.claim_refusal(reason, message):
+            return  # a flood: counted for the socket's summary of refusals
         if pod is None:
             await executor._record(
                 MessageRejected(

@@ -98,8 +98,21 @@ class RefusalLog:
 
     def refuse(self, refusal: Refusal) -> None:
         """Count ``refusal`` and have it recorded; never waits."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        if self._count(refusal):
+            self._pending.append(refusal)
+        self._start()
+
+    def claim(self, refusal: Refusal) -> bool:
+        """Count ``refusal``; True when the caller is to record it itself (its own event, e.g.
+        PodRejected), False when it was counted for the interval's summary instead."""
+        individually = self._count(refusal)
+        if not individually:
+            self._start()
+        self.recorded_individually += individually
+        return individually
+
+    def _count(self, refusal: Refusal) -> bool:
+        now = asyncio.get_running_loop().time()
         self.total[refusal.reason] += 1
         expired = self._window_start is None or now - self._window_start >= self._interval
         if expired and not self._by_reason:  # the last window's summary is taken: a new one
@@ -107,10 +120,12 @@ class RefusalLog:
             self._recorded_in_window = 0
         if self._recorded_in_window < self._budget:
             self._recorded_in_window += 1
-            self._pending.append(refusal)
-        else:
-            self._by_reason[refusal.reason] += 1
-            self._by_peer[refusal.peer] += 1
+            return True
+        self._by_reason[refusal.reason] += 1
+        self._by_peer[refusal.peer] += 1
+        return False
+
+    def _start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="socket-refusals")
         self._wake.set()

@@ -116,6 +116,7 @@ class Channel:
         *,
         on_chatter: Callable[[int], None] | None = None,
         on_refusal: Callable[[str, str], None] | None = None,
+        on_claim: Callable[[str, str], bool] | None = None,
         max_bytes_after_request: int = SocketLimits().max_bytes_after_request,
     ) -> None:
         self.peer = peer
@@ -125,6 +126,7 @@ class Channel:
         self._finished = False
         self._on_chatter = on_chatter
         self._on_refusal = on_refusal
+        self._on_claim = on_claim
         self._max_chatter = max_bytes_after_request
         self._watch = asyncio.create_task(self._watch_for_hangup(reader))
 
@@ -188,6 +190,11 @@ class Channel:
         """Have a refusal decided above the socket (a caller not allowed) recorded like its own."""
         if self._on_refusal is not None:
             self._on_refusal(reason, message)
+
+    def claim_refusal(self, reason: str, message: str) -> bool:
+        """Count a refusal the service records as its own event: True to record it now, False
+        when, under a flood, it was counted for the socket's summary instead."""
+        return self._on_claim(reason, message) if self._on_claim is not None else True
 
     async def close(self) -> None:
         self._watch.cancel()
@@ -544,6 +551,9 @@ class WorkloadSocketServer:
             writer,
             on_chatter=self._chatter(peer),
             on_refusal=lambda reason, message: self._count(peer, b"", reason, message),
+            on_claim=lambda reason, message: self.refusals.claim(
+                Refusal(reason=reason, message=message, pid=peer.pid, uid=peer.uid)
+            ),
             max_bytes_after_request=self.limits.max_bytes_after_request,
         )
         try:
@@ -566,6 +576,9 @@ class WorkloadSocketServer:
             connection,
             on_chatter=self._chatter(peer),
             on_refusal=lambda reason, message: self._count(peer, b"", reason, message),
+            on_claim=lambda reason, message: self.refusals.claim(
+                Refusal(reason=reason, message=message, pid=peer.pid, uid=peer.uid)
+            ),
             max_bytes_after_request=self.limits.max_bytes_after_request,
         )
         try:
