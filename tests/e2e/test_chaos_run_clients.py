@@ -179,18 +179,17 @@ async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
                 runs[pod].append(code)
                 told[pod].append(await run_client(stack.socket_path, pod, ran, run, code))  # type: ignore[attr-defined]
 
-        async def keep_services_up() -> None:
-            """Restart whatever died (as gpupool up does), at once."""
+        async def keep_up(name: str) -> None:
+            """Restart the service whenever it dies (as gpupool up does), at once."""
             while True:
-                for name in SERVICES:
-                    service = stack.services[name]  # type: ignore[attr-defined]
-                    if not service.running:
-                        with suppress(Exception):
-                            await stack.restart(name)  # type: ignore[attr-defined]
-                await asyncio.sleep(0.1)  # a supervisor's poll of its children
+                process = stack.services[name].process  # type: ignore[attr-defined]
+                if process is not None:
+                    await process.wait()
+                with suppress(Exception):  # (it may die again while starting: next round)
+                    await stack.restart(name)  # type: ignore[attr-defined]
 
         loops = [asyncio.create_task(pod_loop(pod)) for pod in runs]
-        keeper = asyncio.create_task(keep_services_up())
+        keepers = [asyncio.create_task(keep_up(name)) for name in SERVICES]
         try:
             for _ in range(FAULTS):
                 await asyncio.sleep(rng.uniform(0.3, 0.9))  # the seeded pause between faults
@@ -207,9 +206,9 @@ async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
             async with asyncio.timeout(120):
                 await asyncio.gather(*loops)
         finally:
-            keeper.cancel()
-            with suppress(asyncio.CancelledError):
-                await keeper
+            for keeper in keepers:
+                keeper.cancel()
+            await asyncio.gather(*keepers, return_exceptions=True)
             for loop in loops:
                 loop.cancel()
         for name in SERVICES:

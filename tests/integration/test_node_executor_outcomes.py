@@ -399,6 +399,7 @@ async def test_the_first_connect_waits_for_an_executor_that_is_starting(
     for event in NODE_EVENTS:
         await append(log, event)
     inbox = Inbox()
+    retrying = asyncio.Event()
     client = asyncio.create_task(
         run_workload(
             tmp_path / "gpupool.sock",
@@ -406,9 +407,11 @@ async def test_the_first_connect_waits_for_an_executor_that_is_starting(
             on_message=inbox,
             fds=(devnull, devnull, devnull),
             reconnect_seconds=TIMEOUT,
+            on_retry=lambda text: retrying.set(),
         )
     )
-    await asyncio.sleep(0.5)  # the point: the executor is not there yet when the client starts
+    async with asyncio.timeout(TIMEOUT):
+        await retrying.wait()  # it found no executor and keeps trying
     assert not client.done()
     async with executor_on(log, tmp_path):
         await until_logged(log, PodReady, A)
