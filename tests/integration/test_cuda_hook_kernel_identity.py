@@ -98,7 +98,9 @@ class FakeLog:
     def pods_by_uid(self) -> dict[str, PodRef]:
         return {POD_UID: POD}
 
-    async def record_refusal(self, pod: PodRef | None, reason: str, message: str) -> None:
+    async def record_refusal(
+        self, pod: PodRef | None, reason: str, message: str, channel: object = None
+    ) -> None:
         self.refusals.append((pod, reason))
 
     async def request_gpu(self, pod: PodRef) -> Rejected | None:

@@ -189,13 +189,25 @@ def test_run_main_usage_error_exits_2() -> None:
     assert "usage: gpupool run" in err.getvalue()
 
 
-def test_run_main_without_executor_exits_69(tmp_path: Path) -> None:
+def test_run_main_without_executor_exits_69_after_its_reconnect_window(tmp_path: Path) -> None:
     err = io.StringIO()
     code = run_main(
-        ["--pod", "p", "--socket", f"{tmp_path}/absent.sock", "--", "true"],
+        [
+            "--pod",
+            "p",
+            "--socket",
+            f"{tmp_path}/absent.sock",
+            "--reconnect-seconds",
+            "0.3",
+            "--",
+            "true",
+        ],
         environ={},
         out=io.StringIO(),
         err=err,
     )
     assert code == EXIT_EXECUTOR_UNAVAILABLE
     assert "cannot reach the node-executor" in err.getvalue()
+    assert "gave up connecting after 0.3s" in err.getvalue()
+    assert "trying again for up to 0.3s" in err.getvalue()  # said once, while it retried
+    assert err.getvalue().count("trying again") == 1

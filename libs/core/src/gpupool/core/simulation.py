@@ -80,6 +80,8 @@ class ScenarioPod(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     compute_class: str = "gpu-hpn"
     requeue: bool = False
     """After being preempted, become ready again at once (``gpupool run --requeue``)."""
+    owner_uid: int | None = None
+    """Local mode: the user who may run it (else the cluster file's owner); not simulated."""
 
 
 class ScenarioAction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

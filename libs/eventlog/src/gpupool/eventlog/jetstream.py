@@ -54,6 +54,8 @@ from gpupool.eventlog.subjects import (
 from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
 
 logger = logging.getLogger(__name__)
+CONSUMER_INFO_ATTEMPTS = 5
+"""A subscriber's consumer_info is tried this often before its timeout is raised."""
 
 DEFAULT_STREAM = "GPUPOOL"
 
@@ -402,6 +404,21 @@ class JetStreamEventLog:
             self, durable, node_subject_filter(node, prefix=self.subject_prefix), from_seq
         )
 
+    async def _consumer_info(self, durable: str) -> api.ConsumerInfo:
+        """``consumer_info``, retried on a timeout (a busy or reconnecting server) a few times."""
+        for attempt in range(1, CONSUMER_INFO_ATTEMPTS + 1):
+            try:
+                info: api.ConsumerInfo = await self._js.consumer_info(self.stream, durable)
+                return info
+            except nats.errors.TimeoutError:
+                if attempt == CONSUMER_INFO_ATTEMPTS:
+                    raise
+                logger.warning(
+                    "consumer_info of %s timed out (attempt %d); retrying", durable, attempt
+                )
+                await asyncio.sleep(0.2 * attempt)  # a back-off between attempts
+        raise AssertionError("unreachable")
+
     async def _ensure_consumer(self, durable: str, subject_filter: str, from_seq: int) -> None:
         """The durable, created at ``from_seq``; recreated there if it acknowledged less.
 
@@ -410,7 +427,7 @@ class JetStreamEventLog:
         every folded entry a second time.
         """
         try:
-            info = await self._js.consumer_info(self.stream, durable)
+            info = await self._consumer_info(durable)
         except nats.js.errors.NotFoundError:
             pass
         else:

@@ -10,6 +10,7 @@ import asyncio
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
@@ -55,25 +56,45 @@ async def run_workload(
     on_message: Callable[[ExecutorMessage], None],
     fds: StdioFds = (0, 1, 2),
     reconnect_seconds: float = 0.0,
+    on_retry: Callable[[str], None] | None = None,
 ) -> int:
     """Ask the executor at ``socket_path`` to run ``request`` with our ``fds`` as its stdio.
 
     Calls ``on_message`` for every message, then returns the exit code for ``gpupool run``
     (see :mod:`gpupool.workload.messages`). If the executor goes away before its last word
     (it crashed or is being restarted), reconnect for up to ``reconnect_seconds`` and
-    *reattach* to the run in progress (the executor never starts it twice). Raises
+    *reattach* to the run in progress (the executor never starts it twice); the first
+    connection is retried for as long too while nothing listens at the socket. Raises
     :class:`ExecutorUnavailable` when the executor cannot be reached (again), and
     :class:`ProtocolError` when it talks nonsense. Cancelling this coroutine closes the
     connection, which the executor takes as "cancel".
     """
     loop = asyncio.get_running_loop()
-    try:
-        return await _one_connection(socket_path, request, on_message, fds)
-    except ExecutorUnavailable as lost:
-        if not lost.after_connect or reconnect_seconds <= 0:
-            raise
-        deadline = loop.time() + reconnect_seconds
-        last = lost
+    if not request.sent_at:
+        request = msgspec.structs.replace(request, sent_at=time.time())
+    deadline = loop.time() + reconnect_seconds
+    told_retrying = False
+    while True:  # the first connection: retried while no executor listens (it may be restarting)
+        try:
+            return await _one_connection(socket_path, request, on_message, fds)
+        except ExecutorUnavailable as error:
+            lost = error
+            if lost.after_connect:
+                break
+            if loop.time() >= deadline:
+                if reconnect_seconds <= 0:
+                    raise
+                raise ExecutorUnavailable(
+                    f"{lost} (gave up connecting after {reconnect_seconds:g}s)"
+                ) from lost
+            if on_retry is not None and not told_retrying:
+                on_retry(f"{lost}; trying again for up to {reconnect_seconds:g}s")
+                told_retrying = True
+            await asyncio.sleep(RECONNECT_INTERVAL_SECONDS)  # back off before the next attempt
+    if reconnect_seconds <= 0:
+        raise lost
+    deadline = loop.time() + reconnect_seconds
+    last = lost
     reattach = msgspec.structs.replace(request, reattach=True)
     while loop.time() < deadline:
         try:
@@ -228,6 +249,7 @@ def run_main(
                 on_message=ConsoleReporter(out, err),
                 fds=fds,
                 reconnect_seconds=invocation.reconnect_seconds,
+                on_retry=lambda text: print(f"gpupool run: {text}", file=err, flush=True),
             )
         )
     except (ExecutorUnavailable, ProtocolError) as error:

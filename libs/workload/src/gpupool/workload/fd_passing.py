@@ -51,11 +51,23 @@ class LineTooLong(ValueError):
     pass
 
 
-async def receive_line_with_fds(sock: socket.socket, max_bytes: int) -> tuple[bytes, list[int]]:
+class TooManyFds(ValueError):
+    """More file descriptors came than the receiver takes; all of them were closed."""
+
+
+DEFAULT_MAX_FDS = 16
+
+
+async def receive_line_with_fds(
+    sock: socket.socket, max_bytes: int, *, max_fds: int = DEFAULT_MAX_FDS
+) -> tuple[bytes, list[int]]:
     """Read up to and including the first newline, collecting every fd that arrives meanwhile.
 
     Returns ``(line, fds)``; ``line`` lacks the newline only if the peer closed first. The caller
     owns the fds, also when this raises (:class:`LineTooLong`, ``OSError``): then they are closed.
+    At most ``max_fds`` fds are taken in all: the control buffer holds no more (the kernel
+    closes any beyond it), and more than that over several messages raises
+    :class:`TooManyFds` at once, with every received fd closed.
     """
     data = bytearray()
     fds: list[int] = []
@@ -64,11 +76,13 @@ async def receive_line_with_fds(sock: socket.socket, max_bytes: int) -> tuple[by
             if len(data) > max_bytes:
                 raise LineTooLong(f"no newline within {max_bytes} bytes")
             try:
-                chunk, more_fds, _flags, _address = socket.recv_fds(sock, 65536, 16)
+                chunk, more_fds, flags, _address = socket.recv_fds(sock, 65536, max(max_fds, 1))
             except BlockingIOError:
                 await _until(sock, writable=False)
                 continue
             fds.extend(more_fds)
+            if flags & socket.MSG_CTRUNC or len(fds) > max_fds:
+                raise TooManyFds(f"more than {max_fds} file descriptors were passed")
             if not chunk:
                 break
             data.extend(chunk)

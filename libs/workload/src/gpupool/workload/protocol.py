@@ -42,6 +42,10 @@ class RunRequest(msgspec.Struct, frozen=True, kw_only=True, tag="RunRequest"):
     """When preempted, queue again instead of exiting."""
     reattach: bool = False
     """Sent again after losing the executor: continue the run in progress, never start a new one."""
+    sent_at: float = 0.0
+    """When the client first sent this request (Unix seconds; 0: unknown). On a reattach with
+    no run in progress, the executor reads this run's outcome from the log: the pod's last
+    release after this time, if any."""
 
 
 class AttachRequest(msgspec.Struct, frozen=True, kw_only=True, tag="AttachRequest"):
@@ -127,6 +131,8 @@ def decode_request(line: bytes) -> RunRequest:
         return _request_decoder.decode(line)
     except msgspec.DecodeError as error:
         raise ProtocolError(f"not a RunRequest: {error}") from error
+    except RecursionError as error:  # msgspec's own limit on nesting
+        raise ProtocolError("not a RunRequest: nested too deeply") from error
 
 
 def decode_workload_request(line: bytes) -> WorkloadRequest:
@@ -135,6 +141,8 @@ def decode_workload_request(line: bytes) -> WorkloadRequest:
         return _workload_request_decoder.decode(line)
     except msgspec.DecodeError as error:
         raise ProtocolError(f"not a RunRequest or AttachRequest: {error}") from error
+    except RecursionError as error:  # msgspec's own limit on nesting
+        raise ProtocolError("not a RunRequest or AttachRequest: nested too deeply") from error
 
 
 def decode_executor_message(line: bytes) -> ExecutorMessage:
@@ -142,3 +150,5 @@ def decode_executor_message(line: bytes) -> ExecutorMessage:
         return _executor_decoder.decode(line)
     except msgspec.DecodeError as error:
         raise ProtocolError(f"not an executor message: {error}") from error
+    except RecursionError as error:  # msgspec's own limit on nesting
+        raise ProtocolError("not an executor message: nested too deeply") from error

@@ -188,6 +188,8 @@ class LocalStack:
                 str(s.state_dir / "node-executor"),
                 "--identity",
                 s.identity,
+                "--cluster",
+                str(s.cluster_file),
                 "--run-in",
                 s.run_in,
             ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ async def add(args: argparse.Namespace) -> int:
         "requests": {"core": args.core, "memory": args.memory},
         "limits": limits,
         "priority": args.priority,
+        "owner_uid": os.getuid(),  # who may run it: the executor checks the caller's uid
     }
     try:
         msgspec.convert(pod, ScenarioPod)

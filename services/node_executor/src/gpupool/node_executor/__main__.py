@@ -15,6 +15,7 @@ from gpupool.node_executor.inventory import (
     sampler_for,
     select_inventory,
 )
+from gpupool.node_executor.pod_owners import PodOwners
 from gpupool.node_executor.processes import ProcessSupervisor
 from gpupool.node_executor.service import DEFAULT_REATTACH_SECONDS, NodeExecutor
 from gpupool.observability.service_metrics import executor_registry
@@ -57,6 +58,13 @@ def main() -> None:
         default=env("GPUPOOL_IDENTITY", "request"),
         help="kernel: a caller acts only for the pod its cgroup names (Kubernetes); "
         "request: for the pod it names (local mode)",
+    )
+    parser.add_argument(
+        "--cluster",
+        type=Path,
+        default=Path(cluster) if (cluster := env("GPUPOOL_CLUSTER_FILE")) else None,
+        help="local mode: the cluster file that names each pod's owner (its owner_uid, else "
+        "the file's owner); other users are refused (env GPUPOOL_CLUSTER_FILE)",
     )
     parser.add_argument(
         "--run-in",
@@ -125,6 +133,7 @@ def main() -> None:
         message_period_seconds=args.message_period,
         reattach_seconds=args.reattach_seconds,
         identity=args.identity,
+        pod_owners=PodOwners(args.cluster),
         run_in_caller_namespaces=(
             args.run_in or ("caller" if args.identity == "kernel" else "executor")
         )

@@ -162,9 +162,12 @@ class ExecutorView(Protocol):
 
     def pods_by_uid(self) -> dict[str, PodRef]: ...
 
-    async def record_refusal(self, pod: PodRef | None, reason: str, message: str) -> None:
+    async def record_refusal(
+        self, pod: PodRef | None, reason: str, message: str, channel: Channel | None = None
+    ) -> None:
         """A refusal that is no core decision is still an event: PodRejected for a pod,
-        MessageRejected when the caller could not be tied to any pod."""
+        MessageRejected when the caller could not be tied to any pod (under a flood, counted
+        in the socket's summary of refusals, through ``channel``)."""
         ...
 
     async def request_gpu(self, pod: PodRef) -> Rejected | None:
@@ -331,7 +334,7 @@ class HookedPods:
             else pod_of_peer(executor.identity, _NO_POD, peer, {})  # the kernel's refusal
         )
         if isinstance(identity, IdentityRefused):
-            await executor.record_refusal(claimed, identity.reason, identity.message)
+            await executor.record_refusal(claimed, identity.reason, identity.message, channel)
             await channel.send(Rejected(reason=identity.reason, message=identity.message))
             return
         pod = identity
@@ -345,7 +348,7 @@ class HookedPods:
             return
         if state.policy != "share-pool":
             message = f"pod {pod} has policy {state.policy}, not share-pool: its GPU is not shared"
-            await executor.record_refusal(pod, "NotSharePool", message)
+            await executor.record_refusal(pod, "NotSharePool", message, channel)
             await channel.send(Rejected(reason="NotSharePool", message=message))
             return
         if executor.runs_command(pod):

@@ -38,26 +38,55 @@ SHIM = ("-I", "-S", str(Path(__file__).with_name("shim.py")))
 its start-up costs a few milliseconds, not the tens a full interpreter start takes."""
 
 
-NSENTER = "nsenter"
+class CallerCredentials(msgspec.Struct, frozen=True, kw_only=True):
+    """The caller's uid, gid, groups and capability masks (``/proc/<pid>/status``, at connect).
+
+    A command started for the caller gets no more than these: ``no_new_privs``, the bounding
+    set cut to ``cap_bnd``, the caller's groups, gid and uid (see the shim).
+    """
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    cap_bnd: int = 0
+    cap_eff: int = 0
+    cap_prm: int = 0
+    cap_inh: int = 0
+
+    def shim_options(self) -> list[str]:
+        groups = ",".join(str(g) for g in self.groups)
+        masks = ":".join(f"{m:x}" for m in (self.cap_bnd, self.cap_eff, self.cap_prm, self.cap_inh))
+        return ["--as", f"{self.uid}:{self.gid}:{groups}", "--caps", masks]
 
 
-def caller_namespace_command(
-    pid: int, argv: Sequence[str], cwd: str, run_as: tuple[int, int] | None
-) -> list[str]:
-    """``argv`` run inside the namespaces of process ``pid`` (util-linux nsenter; no shell)."""
-    command = [
-        NSENTER,
-        f"--target={pid}",
-        "--mount",
-        "--uts",
-        "--ipc",
-        "--net",
-        "--pid",
-        f"--wd={cwd}",
-    ]
-    if run_as is not None:
-        command += [f"--setuid={run_as[0]}", f"--setgid={run_as[1]}"]
-    return [*command, "--", *argv]
+def credentials_of(pid: int, uid: int, gid: int) -> CallerCredentials:
+    """The credentials of process ``pid`` (uid/gid as ``SO_PEERCRED`` gave them); a process
+    whose status cannot be read keeps its uid/gid and gets no groups and no capabilities."""
+    fields: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                fields[name] = value.strip()
+    except OSError:
+        return CallerCredentials(uid=uid, gid=gid)
+
+    def mask(name: str) -> int:
+        try:
+            return int(fields.get(name, "0"), 16)
+        except ValueError:
+            return 0
+
+    groups = tuple(int(g) for g in fields.get("Groups", "").split() if g.isdigit())
+    return CallerCredentials(
+        uid=uid,
+        gid=gid,
+        groups=groups,
+        cap_bnd=mask("CapBnd"),
+        cap_eff=mask("CapEff"),
+        cap_prm=mask("CapPrm"),
+        cap_inh=mask("CapInh"),
+    )
 
 
 class WorkloadStartFailed(RuntimeError):
@@ -286,6 +315,30 @@ async def wait_group_gone(leader: int, within_seconds: float) -> list[int]:
                 os.close(fd)
 
 
+def _write_record(path: Path, record: WorkloadRecord) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_bytes(msgspec.json.encode(record))
+    os.replace(temporary, path)
+
+
+def shim_of(status_file: Path) -> int | None:
+    """The live shim process writing ``status_file`` (its argv names it), if any."""
+    wanted = os.fsencode(status_file)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                words = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted in words and SHIM[-1].encode() in words:
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                return int(entry)
+    return None
+
+
 class ProcessSupervisor:
     """Starts, waits for and ends workloads. One per node-executor.
 
@@ -323,7 +376,14 @@ class ProcessSupervisor:
                 continue
             status = Path(record.status_file)
             pid = record.pid
-            if process_start_ticks(pid) != record.start_ticks:
+            if pid == 0:  # recorded as starting: the executor stopped before it knew the pid
+                found = shim_of(status)
+                if found is None and not status.exists():
+                    # no shim runs with that status file and none wrote it: it never started
+                    record_path.unlink(missing_ok=True)
+                    continue
+                pid = found if found is not None else -1
+            elif process_start_ticks(pid) != record.start_ticks:
                 pid = -1  # gone (or its pid reused): only the status file can tell its end
             adopted.append(Workload(record.pod, pid, status_file=status, record=record_path))
         return adopted
@@ -338,6 +398,7 @@ class ProcessSupervisor:
         *,
         run_as: tuple[int, int] | None = None,
         namespaces_of: int | None = None,
+        credentials: CallerCredentials | None = None,
     ) -> Workload:
         """Run ``argv`` (no shell) in a new session with ``fds`` as stdin/stdout/stderr.
 
@@ -345,21 +406,37 @@ class ProcessSupervisor:
         (the executor passes the connecting peer's credentials, so no one gains privileges).
         ``namespaces_of`` is a pid (the caller's): the command runs in that process's mount,
         UTS, IPC, network and PID namespaces — in Kubernetes, inside the pod's container, with
-        the pod's files — entered with ``nsenter``, which drops to ``run_as`` once inside.
+        the pod's files — entered by the shim, whose child then drops to the caller's privileges.
+        ``credentials`` (the caller's, see :func:`credentials_of`) supersede ``run_as``: the
+        command gets the caller's uid, gid and groups and no capability the caller lacked.
         """
         identity: dict[str, object] = {}
         command = list(argv)
+        shim_options: list[str] = []
+        if credentials is not None:
+            shim_options += credentials.shim_options()
+        elif run_as is not None and (run_as != (os.getuid(), os.getgid()) or namespaces_of):
+            if namespaces_of is None:
+                identity = {"user": run_as[0], "group": run_as[1], "extra_groups": []}
+            else:
+                shim_options += CallerCredentials(uid=run_as[0], gid=run_as[1]).shim_options()
         if namespaces_of is not None:
-            command = caller_namespace_command(namespaces_of, argv, cwd, run_as)
+            shim_options += ["--enter", str(namespaces_of), "--cwd", cwd]
             cwd = "/"  # the caller's cwd exists in its mount namespace, not necessarily here
-        elif run_as is not None and run_as != (os.getuid(), os.getgid()):
-            identity = {"user": run_as[0], "group": run_as[1], "extra_groups": []}
         record_path: Path | None = None
         status_file: Path | None = None
         if self.records_dir is not None and argv:
             record_path, status_file = self._paths(pod)
             status_file.unlink(missing_ok=True)
-            command = [sys.executable, *SHIM, str(status_file), "--", *command]
+        if argv and (status_file is not None or shim_options):
+            status = str(status_file) if status_file is not None else "-"
+            command = [sys.executable, *SHIM, status, *shim_options, "--", *command]
+        if record_path is not None and status_file is not None:
+            # recorded as starting before it starts: a crash in between cannot lose it
+            _write_record(
+                record_path,
+                WorkloadRecord(pod=pod, pid=0, start_ticks=0, status_file=str(status_file)),
+            )
         try:
             if not argv:
                 raise ValueError("empty command")
@@ -374,6 +451,8 @@ class ProcessSupervisor:
                 **identity,  # type: ignore[arg-type]
             )
         except (OSError, ValueError) as error:
+            if record_path is not None:
+                record_path.unlink(missing_ok=True)
             raise WorkloadStartFailed(argv, error) from error
         if record_path is not None and status_file is not None:
             record = WorkloadRecord(
@@ -382,9 +461,7 @@ class ProcessSupervisor:
                 start_ticks=process_start_ticks(process.pid) or 0,
                 status_file=str(status_file),
             )
-            temporary = record_path.with_suffix(".tmp")
-            temporary.write_bytes(msgspec.json.encode(record))
-            os.replace(temporary, record_path)
+            _write_record(record_path, record)
         return Workload(
             pod, process.pid, process=process, status_file=status_file, record=record_path
         )

@@ -36,15 +36,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from types import TracebackType
 
-from gpupool.core import PodState, ReportInventory, ReportRelease, RequestGpu, queue_positions
+import msgspec
+
+from gpupool.core import (
+    Command,
+    PodState,
+    ReportInventory,
+    ReportRelease,
+    RequestGpu,
+    queue_positions,
+)
 from gpupool.eventlog.port import REJECTED_PAYLOAD_LIMIT, StoredEvent
 from gpupool.events import (
     Envelope,
+    Event,
     GpuInfo,
     MessageRejected,
     PodRef,
@@ -56,19 +69,24 @@ from gpupool.gpus import GpuSampler, Inventory
 from gpupool.node_executor.environment import memory_limit_bytes, workload_environment
 from gpupool.node_executor.hooked_pods import HookedPods
 from gpupool.node_executor.memory_guard import GuardedWorkload, MemoryOverrun, guard_memory
+from gpupool.node_executor.outcomes import OutcomeBook
 from gpupool.node_executor.peer_identity import (
     IdentityMode,
     IdentityRefused,
     PeerIdentity,
     pod_of_peer,
 )
+from gpupool.node_executor.pod_owners import PodOwners
 from gpupool.node_executor.processes import (
     ProcessSupervisor,
+    Termination,
     Workload,
     WorkloadStartFailed,
+    credentials_of,
     group_members,
 )
-from gpupool.node_executor.workload_socket import Channel, WorkloadSocketServer
+from gpupool.node_executor.socket_refusals import RefusalSummary
+from gpupool.node_executor.workload_socket import Channel, SocketLimits, WorkloadSocketServer
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.workload import (
     AttachRequest,
@@ -86,9 +104,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_GUARD_PERIOD_SECONDS = 1.0
 DEFAULT_REATTACH_SECONDS = 60.0
+"""How long a restarted executor keeps a pod's place for its client to reconnect."""
 MAX_KEPT_OUTCOMES = 1024
 """Last words kept for clients that may still reattach; the oldest are forgotten first."""
-"""How long a restarted executor keeps a pod's place for its client to reconnect."""
+RECORD_RETRY_FIRST_SECONDS = 0.1
+RECORD_RETRY_MAX_SECONDS = 2.0
+"""Back-off between attempts to record an event while the log cannot be reached."""
+REFUSAL_RECORD_SECONDS = 30.0
+"""How long recording a refusal is retried while the log cannot be reached."""
+STOP_RECORD_SECONDS = 15.0
+"""On a graceful stop, how long recording the sessions' ends keeps being retried."""
 
 
 @dataclass(eq=False)
@@ -111,6 +136,11 @@ class PodSession:
         return self.channel is not None and self.channel.client_gone
 
     last_word: ExecutorMessage | None = None
+
+    @property
+    def finished_word(self) -> bool:
+        """Whether its last word (Exited or Rejected) was said."""
+        return self.last_word is not None
 
     async def send(self, message: ExecutorMessage) -> None:
         if isinstance(message, Exited | Rejected):
@@ -135,7 +165,15 @@ class NodeExecutor:
         reattach_seconds: float = DEFAULT_REATTACH_SECONDS,
         identity: IdentityMode = "request",
         run_in_caller_namespaces: bool = False,
+        socket_limits: SocketLimits | None = None,
+        pod_owners: PodOwners | None = None,
     ) -> None:
+        self.pod_owners = pod_owners if pod_owners is not None else PodOwners(None)
+        """Local mode: whose uid may act for which pod (pod_owners.py)."""
+        self.outcomes = OutcomeBook(node)
+        """Each pod's last release as the log has it, for clients that reattach late."""
+        self.socket_limits = socket_limits
+        self.socket_server: WorkloadSocketServer | None = None
         self.node = node
         self.inventory = inventory
         self.socket_path = socket_path
@@ -149,6 +187,9 @@ class NodeExecutor:
         self._loop: DeciderLoop | None = None
         self._sessions: dict[PodRef, PodSession] = {}
         self._sessions_stopped = False
+        self._stop_deadline: float | None = None
+        self.record_retries = 0
+        """How often recording an event was retried because the log could not be reached."""
         self._oom: dict[PodRef, MemoryOverrun] = {}
         self.serving = asyncio.Event()
         """Set once workloads can connect to the socket."""
@@ -174,18 +215,26 @@ class NodeExecutor:
 
     async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
         self._loop = loop
+        self.outcomes.attach(loop.projection.observers, loop.projection.last_seq)
         await loop.execute(
             ReportInventory(node=self.node, gpus=self.inventory.gpus, source=self.inventory.source),
             node=self.node,
         )
-        stack.push_async_callback(self._stop_sessions)
+        stack.push_async_exit(self._on_exit)
         stack.push_async_callback(self.hooked.close)
         await self._recover()
-        server = WorkloadSocketServer(self.socket_path, self, on_rejected=self._record_bad_request)
+        server = WorkloadSocketServer(
+            self.socket_path,
+            self,
+            limits=self.socket_limits,
+            on_rejected=self._record_bad_request,
+            on_summary=self._record_refusal_summary,
+        )
+        self.socket_server = server
         await server.start()
         stack.push_async_callback(server.close)
         # on stop, end the sessions (and tell their clients) while the socket still serves them
-        stack.push_async_callback(self._stop_sessions)
+        stack.push_async_exit(self._on_exit)
         self.serving.set()
         stop_guarding = asyncio.Event()
         guard = loop.background(
@@ -252,6 +301,15 @@ class NodeExecutor:
                     self.reattach_seconds,
                 )
                 self._spawn(PodSession(pod=pod.ref))
+            elif pod.phase == "running" and self.supervisor.records_dir is not None:
+                # every command is recorded before it starts: with no record, it never started
+                log.info(
+                    "node-executor: %s was assigned but its command never started here; "
+                    "keeping its GPU for %.0fs while its client reconnects",
+                    pod.ref,
+                    self.reattach_seconds,
+                )
+                self._spawn(PodSession(pod=pod.ref))
             elif pod.phase == "running":
                 log.warning(
                     "node-executor: %s runs in the log but no workload of it is known here; "
@@ -268,11 +326,35 @@ class NodeExecutor:
         log.info("node-executor: %s was deleted and runs nothing here; releasing its slot", ref)
         await self._release(ref, "cancelled", None)
 
-    async def _stop_sessions(self) -> None:
-        """Graceful stop: end every workload, record it, tell its client."""
+    async def _on_exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        """Leaving the service's stack: a graceful stop ends the sessions; a failure does not.
+
+        A stop (SIGTERM, or the service task cancelled) ends every workload, records it and
+        tells its client. A failure (an exception such as a NATS timeout escaping the consumer)
+        is treated like a crash: the commands keep running under their shims and a restarted
+        executor adopts them; clients reconnect and reattach.
+        """
+        if exc_type is None or issubclass(exc_type, asyncio.CancelledError):
+            await self._stop_sessions()
+        else:
+            await self._let_go(exc)
+        return False
+
+    async def _let_go(self, error: BaseException | None) -> None:
+        """Stop following the sessions without ending anything (like a SIGKILL would)."""
         if self._sessions_stopped:
             return
         self._sessions_stopped = True
+        log.error(
+            "node-executor: failing (%s); leaving %d workload(s) running for the next executor",
+            error,
+            sum(1 for s in self._sessions.values() if s.workload is not None),
+        )
         for session in list(self._sessions.values()):
             if session.task is not None:
                 session.task.cancel()
@@ -280,17 +362,51 @@ class NodeExecutor:
             if session.task is not None:
                 with suppress(asyncio.CancelledError):
                     await session.task
-            workload = session.workload
-            if workload is not None:
-                log.info("node-executor: stopping, ending %s", session.pod)
-                termination = await self.supervisor.terminate(workload, self._grace_seconds())
-                await self._release(session.pod, "cancelled", termination.exit_code)
-                workload.forget()
-                await session.send(Exited(exit_code=termination.exit_code, reason="cancelled"))
-            elif (pod := self._pod(session.pod)) is not None and pod.phase == "ready":
-                await self._release(session.pod, "cancelled", None)
-                await session.send(Exited(exit_code=0, reason="cancelled"))
+            session.finished.set()  # the connection closes without a last word: it reattaches
+
+    async def _stop_sessions(self) -> None:
+        """Graceful stop: end every workload, record it, tell every client its last word."""
+        if self._sessions_stopped:
+            return
+        self._sessions_stopped = True
+        self._stop_deadline = asyncio.get_running_loop().time() + STOP_RECORD_SECONDS
+        for session in list(self._sessions.values()):
+            if session.task is not None:
+                session.task.cancel()
+        for session in list(self._sessions.values()):
+            if session.task is not None:
+                with suppress(asyncio.CancelledError):
+                    await session.task
+            try:
+                await self._stop_session(session)
+            except Exception:
+                log.exception("node-executor: could not record the end of %s", session.pod)
+                if not session.finished_word:
+                    await session.send(
+                        Rejected(
+                            reason="internal-error",
+                            message="the node-executor stopped and could not record the end",
+                        )
+                    )
             session.finished.set()  # the client has its last word: its connection may close
+
+    async def _stop_session(self, session: PodSession) -> None:
+        workload = session.workload
+        if workload is not None:
+            log.info("node-executor: stopping, ending %s", session.pod)
+            termination = await self.supervisor.terminate(workload, self._grace_seconds())
+            reason = ended_reason(termination, "cancelled")
+            await self._release(session.pod, reason, termination.exit_code)
+            workload.forget()
+            session.workload = None
+            await session.send(Exited(exit_code=termination.exit_code, reason=reason))
+            return
+        if session.finished_word:
+            return
+        pod = self._pod(session.pod)
+        if pod is not None and pod.phase in ("ready", "running"):  # queued, or assigned: unstarted
+            await self._release(session.pod, "cancelled", None)
+        await session.send(Exited(exit_code=0, reason="cancelled"))
 
     def _spawn(self, session: PodSession) -> None:
         self._sessions[session.pod] = session
@@ -299,10 +415,26 @@ class NodeExecutor:
     # ------------------------------------------------------------------ connections
 
     async def _record(self, event: PodRejected | MessageRejected) -> None:
-        """A rejection that is no core decision (bad bytes, a refused caller) is still an event."""
-        await self.loop.log.append(
-            Envelope(id=uuid.uuid4().hex, time=self.loop.clock(), event=event)
-        )
+        """A rejection that is no core decision (bad bytes, a refused caller) is still an event.
+
+        Retried (one envelope id: an append that landed is not repeated) while the log cannot
+        be reached, for up to ``REFUSAL_RECORD_SECONDS``.
+        """
+        envelope = Envelope(id=uuid.uuid4().hex, time=self.loop.clock(), event=event)
+        clock = asyncio.get_running_loop()
+        give_up = clock.time() + REFUSAL_RECORD_SECONDS
+        delay = RECORD_RETRY_FIRST_SECONDS
+        while True:
+            try:
+                await self.loop.log.append(envelope)
+                return
+            except Exception as error:
+                if clock.time() + delay >= give_up:
+                    raise
+                self.record_retries += 1
+                log.warning("node-executor: could not record a refusal (%s); retrying", error)
+                await asyncio.sleep(delay)  # a back-off between attempts, not a wait for a state
+                delay = min(delay * 2, RECORD_RETRY_MAX_SECONDS)
 
     async def _record_bad_request(
         self, peer: PeerIdentity, data: bytes, reason: str, message: str
@@ -315,24 +447,39 @@ class NodeExecutor:
             )
         )
 
+    async def _record_refusal_summary(self, summary: RefusalSummary) -> None:
+        await self._record(
+            MessageRejected(
+                subject=f"socket:{self.socket_path}",
+                reason=summary.describe(),
+                payload=msgspec.json.encode(summary).decode()[:REJECTED_PAYLOAD_LIMIT],
+            )
+        )
+
     async def handle(self, request: RunRequest, fds: StdioFds, channel: Channel) -> None:
+        if self._sessions_stopped:  # no last word: the client reconnects to the next executor
+            log.info("node-executor: stopping; not taking %s's request", request.pod)
+            return
         pods_by_uid = {
             pod.uid: pod.ref for pod in self.loop.projection.state.pods_on(self.node) if pod.uid
         }
         identity = pod_of_peer(self.identity, request.pod, channel.peer, pods_by_uid)
         if isinstance(identity, IdentityRefused):
             log.warning("node-executor: refused a caller: %s", identity.message)
-            await self._record(
-                PodRejected(
-                    pod=request.pod,
-                    node=self.node,
-                    reason=identity.reason,
-                    message=identity.message,
+            if channel.claim_refusal(identity.reason, identity.message):  # else: in the summary
+                await self._record(
+                    PodRejected(
+                        pod=request.pod,
+                        node=self.node,
+                        reason=identity.reason,
+                        message=identity.message,
+                    )
                 )
-            )
             await channel.send(Rejected(reason=identity.reason, message=identity.message))
             return
         pod = identity
+        if self.identity == "request" and not await self._may_act_for(pod, channel):
+            return
         if pod in self.hooked:
             await channel.send(
                 Rejected(
@@ -365,16 +512,10 @@ class NodeExecutor:
                         pid=session.workload.pid,
                     )
                 )
-        elif request.reattach:
-            outcome = self._outcomes.pop(pod, None)
-            if outcome is None:
-                outcome = Rejected(
-                    reason="NothingToReattach",
-                    message=f"pod {pod} has no run on this node to reattach to",
-                )
+        elif request.reattach and (outcome := await self._outcome_of(pod, request)) is not None:
             await channel.send(outcome)
             return
-        else:
+        else:  # a new request (or a reattach whose request never reached the log: nothing ran)
             self._outcomes.pop(pod, None)
             session = PodSession(pod=pod, request=request, channel=channel, fds=fds)
             session.attached.set()
@@ -383,7 +524,53 @@ class NodeExecutor:
 
     async def attach(self, request: AttachRequest, channel: Channel) -> None:
         """A process's CUDA hook asks for its pod's GPU (see hooked_pods)."""
+        if (
+            self.identity == "request"
+            and request.pod is not None
+            and not await self._may_act_for(request.pod, channel)
+        ):
+            return
         await self.hooked.attach(request, channel)
+
+    async def _may_act_for(self, pod: PodRef, channel: Channel) -> bool:
+        """Local mode: the caller's uid must own ``pod``; refused (answered, recorded) if not."""
+        refused = self.pod_owners.authorise(channel.peer.uid, pod)
+        if refused is None:
+            return True
+        log.warning("node-executor: refused a caller: %s", refused.message)
+        channel.refuse(refused.reason, refused.message)
+        await channel.send(Rejected(reason=refused.reason, message=refused.message))
+        return False
+
+    async def _outcome_of(self, pod: PodRef, request: RunRequest) -> ExecutorMessage | None:
+        """A reattaching client with no run here: its last word, or None to serve it as new.
+
+        The last word is this executor's memory of it, else the log's: the pod's last release
+        after the client first sent its request. With neither a release nor a PodReady of the
+        pod since then, the executor never acted on the request (it went away first): nothing
+        ran, so it is served as a new request (None).
+        """
+        outcome = self._outcomes.pop(pod, None)
+        if outcome is not None:
+            return outcome
+        if request.sent_at > 0:
+            await self.outcomes.backfill(self.loop.log)
+            since = datetime.fromtimestamp(request.sent_at, UTC)
+            release = self.outcomes.release_since(pod, since)
+            if release is not None:
+                log.info("node-executor: %s reattached after its end: %s", pod, release.reason)
+                exit_code = release.exit_code if release.exit_code is not None else 0
+                return Exited(exit_code=exit_code, reason=release.reason)
+            state = self._pod(pod)
+            if not self.outcomes.ready_since(pod, since) and (
+                state is None or state.phase == "dormant"
+            ):
+                log.info("node-executor: %s's request never reached the log; serving it", pod)
+                return None
+        return Rejected(
+            reason="NothingToReattach",
+            message=f"pod {pod} has no run on this node to reattach to",
+        )
 
     async def _serve_until_done(self, session: PodSession, channel: Channel) -> None:
         """Keep the connection (and its fds) while the session runs; report the client leaving."""
@@ -415,10 +602,38 @@ class NodeExecutor:
         return float(node.qos.waiting_message_period_seconds) if node is not None else 10.0
 
     async def _release(self, pod: PodRef, reason: ReleaseReason, exit_code: int | None) -> None:
-        await self.loop.execute(
-            ReportRelease(pod=pod, node=self.node, reason=reason, exit_code=exit_code),
-            node=self.node,
+        await self._execute(
+            ReportRelease(pod=pod, node=self.node, reason=reason, exit_code=exit_code)
         )
+
+    async def _execute(self, command: Command) -> list[Event]:
+        """``loop.execute``, retried while the log cannot be reached (NATS down or timing out).
+
+        An outcome that could not be recorded must not be lost, nor told as an internal error:
+        the retry is safe because an append that did land makes the next decision a no-op (the
+        node's sequence has moved on: the loop catches up and decides again). While stopping
+        gracefully it gives up after ``STOP_RECORD_SECONDS``.
+        """
+        clock = asyncio.get_running_loop()
+        delay = RECORD_RETRY_FIRST_SECONDS
+        while True:
+            try:
+                return await self.loop.execute(command, node=self.node)
+            except (ValueError, TypeError, AssertionError):
+                raise  # a fault in the command itself: retrying cannot help
+            except Exception as error:
+                if self._stop_deadline is not None and clock.time() >= self._stop_deadline:
+                    raise
+                self.record_retries += 1
+                log.warning(
+                    "node-executor: could not record %s (%s: %s); retrying in %.1fs",
+                    type(command).__name__,
+                    type(error).__name__,
+                    error,
+                    delay,
+                )
+                await asyncio.sleep(delay)  # a back-off between attempts, not a wait for a state
+                delay = min(delay * 2, RECORD_RETRY_MAX_SECONDS)
 
     async def _lifecycle(self, session: PodSession) -> None:
         try:
@@ -460,9 +675,7 @@ class NodeExecutor:
         if state.phase == "dormant":
             if session.channel is None or session.client_left:
                 return False
-            events = await self.loop.execute(
-                RequestGpu(pod=session.pod, node=self.node), node=self.node
-            )
+            events = await self._execute(RequestGpu(pod=session.pod, node=self.node))
             rejected = next((e for e in events if isinstance(e, PodRejected)), None)
             if rejected is not None:
                 await session.send(Rejected(reason=rejected.reason, message=rejected.message))
@@ -539,8 +752,10 @@ class NodeExecutor:
             return False
         assert state.gpu_index is not None
         if state.evicted_by is not None:  # preempted before its command even started
+            # read before the release: folding the Released clears them from ``state``
+            by, gpu_index = state.evicted_by, state.gpu_index
             await self._release(session.pod, "preempted", None)
-            await session.send(PreemptedNotice(by=state.evicted_by.name, gpu_index=state.gpu_index))
+            await session.send(PreemptedNotice(by=by.name, gpu_index=gpu_index))
             if session.request.requeue and not session.client_left:
                 return True
             await session.send(Exited(exit_code=0, reason="preempted"))
@@ -559,6 +774,11 @@ class NodeExecutor:
                 run_as=(peer.uid, peer.gid) if peer is not None else None,
                 namespaces_of=peer.pid
                 if peer is not None and self.run_in_caller_namespaces
+                else None,
+                # the caller's groups and capabilities, no more (only a root executor has more
+                # to give away, and only it can drop them)
+                credentials=credentials_of(peer.pid, peer.uid, peer.gid)
+                if peer is not None and os.geteuid() == 0
                 else None,
             )
         except WorkloadStartFailed as error:
@@ -618,12 +838,14 @@ class NodeExecutor:
         assert workload is not None
         termination = await self.supervisor.terminate(workload, self._grace_seconds())
         state = self._pod(session.pod)
+        told: ReleaseReason = ended_reason(termination, "cancelled")
         if reason is not None and state is not None and state.phase == "running":
-            await self._release(session.pod, reason, termination.exit_code)
+            told = ended_reason(termination, reason)
+            await self._release(session.pod, told, termination.exit_code)
         workload.forget()
         session.workload = None
         if tell_client:
-            await session.send(Exited(exit_code=termination.exit_code, reason="cancelled"))
+            await session.send(Exited(exit_code=termination.exit_code, reason=told))
 
     async def _preempt(self, session: PodSession, state: PodState) -> bool:
         workload = session.workload
@@ -711,6 +933,14 @@ class NodeExecutor:
         await self.supervisor.terminate(session.workload, 0)
 
 
+def ended_reason(termination: Termination, otherwise: ReleaseReason) -> ReleaseReason:
+    """A command found already gone when it was to be ended finished by itself: its own end
+    (completed, or failed with its code) is the truth, not the reason it was to be ended for."""
+    if termination.ended_by == "exited":
+        return "completed" if termination.exit_code == 0 else "failed"
+    return otherwise
+
+
 class _HookedExecutorView:
     """The node-executor as the hooked pods see it."""
 
@@ -735,9 +965,13 @@ class _HookedExecutorView:
             if pod.uid
         }
 
-    async def record_refusal(self, pod: PodRef | None, reason: str, message: str) -> None:
+    async def record_refusal(
+        self, pod: PodRef | None, reason: str, message: str, channel: Channel | None = None
+    ) -> None:
         executor = self._executor
         log.warning("node-executor: refused a CUDA hook: %s", message)
+        if channel is not None and not channel.claim_refusal(reason, message):
+            return  # a flood: counted for the socket's summary of refusals
         if pod is None:
             await executor._record(
                 MessageRejected(
