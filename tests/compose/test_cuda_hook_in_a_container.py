@@ -13,9 +13,11 @@ hooked-pod logic are real; the log is the kernel-identity test's double (one pod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_hook_harness import FAKE_DRIVER_DIR, HOOK, build
 from docker_engine import NoDockerEngine, docker_engine
-from test_cuda_hook_kernel_identity import GPU, POD_UID, FakeLog, Handler
+from test_cuda_hook_kernel_identity import GPU, POD, FakeLog, Handler
 
+from gpupool.events import PodRef
 from gpupool.node_executor.hooked_pods import HookedPods
 from gpupool.node_executor.workload_socket import WorkloadSocketServer
 
@@ -38,6 +41,30 @@ BASE_IMAGE = "gpupool/base:bookworm"
 HOOK_IN_IMAGE = "/usr/lib/gpupool/libgpupool-cuda-hook.so"
 DRIVER_IN_IMAGE = "/opt/fake-cuda"
 RUN_DIR = "/run/gpupool"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class ContainerPodLog(FakeLog):
+    """The kernel-identity test's double under a pod UID of this test's own: Docker leaves the
+    cgroup parent behind, and the other test makes its pod's cgroup itself."""
+
+    def __init__(self, pod_uid: str) -> None:
+        super().__init__()
+        self.state.uid = pod_uid
+        self.pod_uid = pod_uid
+
+    def pods_by_uid(self) -> dict[str, PodRef]:
+        return {self.pod_uid: POD}
+
+
+@pytest.fixture
+def pod_uid() -> Iterator[str]:
+    uid = str(uuid.uuid4())
+    yield uid
+    # the cgroup parent Docker made for the container, in every hierarchy
+    for directory in CGROUP_ROOT.glob(f"**/kubepods/besteffort/pod{uid}"):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 @pytest.fixture(scope="module")
@@ -99,17 +126,17 @@ def visible_devices_at_init(driver_log: Path) -> list[str]:
 
 
 async def test_a_pod_container_with_the_hook_in_ld_so_preload_gets_its_pods_gpu(
-    docker: str, tmp_path: Path
+    docker: str, tmp_path: Path, pod_uid: str
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     run_dir.chmod(0o777)
-    log = FakeLog()
+    log = ContainerPodLog(pod_uid)
     hooked = HookedPods(log)
     async with WorkloadSocketServer(run_dir / "gpupool.sock", Handler(hooked)):  # type: ignore[arg-type]
         (run_dir / "gpupool.sock").chmod(0o666)
         in_pod = await run_container(
-            docker, run_dir, "pod.log", cgroup_parent=f"/kubepods/besteffort/pod{POD_UID}"
+            docker, run_dir, "pod.log", cgroup_parent=f"/kubepods/besteffort/pod{pod_uid}"
         )
         assert in_pod[0] == 0, in_pod
         async with asyncio.timeout(10):  # the pod's only GPU process ended: the GPU is released
