@@ -29,6 +29,7 @@ from gpupool.core import (
     RemovePod,
     State,
 )
+from gpupool.core.input_bounds import command_node_or_nodeless
 from gpupool.core.simulation import pod_manifest
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import Envelope, Event, NodeRejected, PodRef, PodRejected, Preempted, Released
@@ -56,10 +57,11 @@ CLUSTER_FILE_CHECK_S = 1.0
 
 
 def command_node(command: Command) -> str:
+    """The node the command's events are recorded on (none for a name no node can have)."""
     if isinstance(command, RegisterPod):
-        return command.manifest.node
+        return command_node_or_nodeless(command.manifest.node)
     if isinstance(command, ConfigureNode | RemovePod | ReconcilePods):
-        return command.node
+        return command_node_or_nodeless(command.node)
     raise TypeError(f"the policy service does not send {type(command).__name__}")
 
 
