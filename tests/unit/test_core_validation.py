@@ -771,5 +771,6 @@ def test_every_rejection_reason_in_the_core_is_tested() -> None:
     tested.add("InvalidQosConfig")  # test_invalid_qos_annotations
     # tests/unit/test_input_poison.py: names and numbers the log cannot hold
     tested |= {"InvalidNodeName", "InvalidPodName", "InvalidPodUid", "InvalidPriority"}
+    tested.add("InvalidGpuCount")
     assert len(in_code) >= 20
     assert in_code == tested

@@ -129,3 +129,12 @@ async def test_the_policy_loop_records_a_bad_node_name_and_configures_the_next_n
     assert "gpu-node-1" in loop.projection.state.nodes
     assert NODELESS not in loop.projection.state.nodes
     assert ref("q") not in loop.projection.state.pods
+
+
+def test_a_node_advertising_more_gpus_than_the_log_holds_is_rejected() -> None:
+    events = decide(
+        fold([]), ConfigureNode(node="n1", policy_label="share-pool", gpu_count=2**70), T0
+    )
+    assert [(type(e), getattr(e, "reason", "")) for e in events] == [
+        (NodeRejected, "InvalidGpuCount")
+    ]

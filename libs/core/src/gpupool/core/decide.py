@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from gpupool.core.evolve import evolve
-from gpupool.core.input_bounds import refuse_node_name, refuse_pod_manifest
+from gpupool.core.input_bounds import refuse_node_config, refuse_pod_manifest
 from gpupool.core.placement import (
     add,
     allocated_requests,
@@ -138,7 +138,9 @@ Command = (
 def decide(state: State, command: Command, now: datetime) -> list[Event]:
     match command:
         case ConfigureNode():  # a name the log cannot hold is refused first (input_bounds)
-            return refuse_node_name(command.node) or _configure_node(state, command)
+            return refuse_node_config(command.node, command.gpu_count) or _configure_node(
+                state, command
+            )
         case ReportInventory():
             return _report_inventory(state, command)
         case RegisterPod():

@@ -1,6 +1,6 @@
 """Commands whose names or numbers the log could not hold are refused before deciding.
 
-``decide`` calls :func:`refuse_node_name` / :func:`refuse_pod_manifest` first: a node name that is no
+``decide`` calls :func:`refuse_node_config` / :func:`refuse_pod_manifest` first: a node name that is no
 Kubernetes node name (a space, ``*``, ``>``, 100,000 characters) cannot be a log
 subject token, and a pod name, uid or priority past the event model's limits would be
 written but refused when read back. Each becomes a specific rejection, recorded on no
@@ -17,20 +17,26 @@ from gpupool.core.validation import (
     validate_node_name,
 )
 from gpupool.events import NODELESS, Event, NodeRejected, PodRef, PodRejected
-from gpupool.events.limits import MAX_PRIORITY, MAX_TEXT, MIN_PRIORITY
+from gpupool.events.limits import MAX_GPUS_PER_NODE, MAX_PRIORITY, MAX_TEXT, MIN_PRIORITY
 
 
-def refuse_node_name(node: str) -> list[Event] | None:
-    """The rejection of a node configuration for a name no node can have; None if it can."""
+def refuse_node_config(node: str, gpu_count: int) -> list[Event] | None:
+    """The rejection of a node configuration the log cannot hold; None if it can."""
     bad_node = validate_node_name(node)
-    if bad_node is None:
-        return None
-    return [NodeRejected(node=NODELESS, reason=bad_node.reason, message=bad_node.message)]
+    if bad_node is not None:
+        return [NodeRejected(node=NODELESS, reason=bad_node.reason, message=bad_node.message)]
+    if not 0 <= gpu_count <= MAX_GPUS_PER_NODE:
+        message = (
+            f"node {node} advertises {gpu_count} GPUs; gpupool manages 0 to {MAX_GPUS_PER_NODE}"
+        )
+        return [NodeRejected(node=node, reason="InvalidGpuCount", message=message)]
+    return None
 
 
 def refuse_pod_manifest(manifest: PodManifest) -> list[Event] | None:
     """The rejection of a pod whose names or numbers the log cannot hold; None if it can."""
     namespace, name = shortened_pod_ref(manifest.namespace, manifest.name)
+    namespace, name = (text.encode(errors="replace").decode() for text in (namespace, name))
     ref = PodRef(namespace=namespace, name=name)
     bad_node = validate_node_name(manifest.node)
     if bad_node is not None:
@@ -38,7 +44,7 @@ def refuse_pod_manifest(manifest: PodManifest) -> list[Event] | None:
             PodRejected(pod=ref, node=NODELESS, reason=bad_node.reason, message=bad_node.message)
         ]
     node = manifest.node
-    problem = pod_name_problem(manifest.namespace, manifest.name)
+    problem = pod_name_problem(manifest.namespace, manifest.name, manifest.uid)
     if problem is not None:
         return [PodRejected(pod=ref, node=node, reason="InvalidPodName", message=problem)]
     if len(manifest.uid) > MAX_TEXT:

@@ -281,7 +281,12 @@ def shortened_pod_ref(namespace: str, name: str) -> tuple[str, str]:
     return namespace[:MAX_NAMESPACE], name[:MAX_POD_NAME]
 
 
-def pod_name_problem(namespace: str, name: str) -> str | None:
+def pod_name_problem(namespace: str, name: str, uid: str = "") -> str | None:
+    for what, text in (("namespace", namespace), ("pod name", name), ("pod uid", uid)):
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return f"{what} {text[:64]!r} is not valid Unicode (it holds a lone surrogate)"
     if len(namespace) > MAX_NAMESPACE:
         return f"namespace of {len(namespace)} characters; at most {MAX_NAMESPACE}"
     if len(name) > MAX_POD_NAME:
