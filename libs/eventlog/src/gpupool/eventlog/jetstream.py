@@ -41,6 +41,7 @@ from gpupool.eventlog.port import (
     entry_subject,
     read_entries,
 )
+from gpupool.eventlog.stream_limits import StreamLimits
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
     node_subject_filter,
@@ -134,20 +135,24 @@ class JetStreamEventLog:
         ack_wait: float = ACK_WAIT_S,
         connect_timeout: float = 10.0,
         name: str = "gpupool",
+        limits: StreamLimits | None = None,
     ) -> JetStreamEventLog:
-        """Connect (retrying for up to ``connect_timeout``) and create the stream if needed."""
+        """Connect (retrying for up to ``connect_timeout``) and create the stream if needed.
+
+        A stream it creates has ``limits`` (default: :meth:`StreamLimits.from_environment`).
+        """
         events = _ConnectionEvents(url)
         nc = await _connect(url, name=name, wait_for_server=connect_timeout, events=events)
         log = cls(nc, stream=stream, subject_prefix=subject_prefix, ack_wait=ack_wait)
         events.log = log
         try:
-            await log._ensure_stream()
+            await log._ensure_stream(limits or StreamLimits.from_environment())
         except BaseException:
             await nc.close()
             raise
         return log
 
-    async def _ensure_stream(self) -> None:
+    async def _ensure_stream(self, limits: StreamLimits) -> None:
         subjects = f"{self.subject_prefix}.>"
         config = api.StreamConfig(
             name=self.stream,
@@ -155,9 +160,10 @@ class JetStreamEventLog:
             subjects=[subjects],
             retention=api.RetentionPolicy.LIMITS,
             storage=api.StorageType.FILE,
-            discard=api.DiscardPolicy.OLD,
+            discard=limits.discard,  # full: refuse appends, never drop the oldest entries
             max_msgs=-1,
-            max_bytes=-1,
+            max_bytes=limits.max_bytes,
+            max_msg_size=limits.max_msg_size,
             max_age=0,
             duplicate_window=DUPLICATE_WINDOW_S,
             num_replicas=1,
@@ -175,6 +181,15 @@ class JetStreamEventLog:
                     f"{info.config.subjects}"
                 ) from exc
             logger.info("stream %s exists with another configuration; using it", self.stream)
+            if limits.differs_from(info.config):
+                logger.warning(
+                    "stream %s is not bounded as gpupool creates it (max_bytes %s, "
+                    "max_msg_size %s, discard %s): deploy/base/nats/ensure_stream.py sets it",
+                    self.stream,
+                    info.config.max_bytes,
+                    info.config.max_msg_size,
+                    info.config.discard,
+                )
 
     # ------------------------------------------------------------------ writing
 
