@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpupool.core import State, evolve
+from gpupool.core.admission_check import admission_problem, remember
 from gpupool.events import Envelope, event_node
 from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
@@ -33,6 +34,17 @@ from gpupool.runtime.snapshot import (
 from gpupool.runtime.statistics import LogStatistics
 
 Observer = Callable[[State, Envelope, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An envelope the projection did not apply, and why (``admission_check``)."""
+
+    seq: int
+    envelope: Envelope
+    reason: str
+
+
 """Called before an envelope is folded: (state before, envelope, stream sequence)."""
 
 
@@ -50,6 +62,10 @@ class Projection:
     open_entry: tuple[int, int] | None = None
     """A decision entry folded in part: (its sequence, the index of its next envelope)."""
 
+    refused: list[Refused] = field(default_factory=list)
+    """Envelopes not applied since the owner last took them (``take_refused``): see
+    ``gpupool.core.admission_check``. They still count as applied (their sequence is passed)."""
+
     def applied(self, seq: int, index: int = 0) -> bool:
         if seq <= self.last_seq or seq in self.ahead:
             return True
@@ -66,11 +82,16 @@ class Projection:
         """
         if self.applied(seq, index):
             return False
-        if self.statistics is not None:
-            self.statistics.observe(self.state, envelope, seq)
-        for observer in self.observers:
-            observer(self.state, envelope, seq)
-        evolve(self.state, envelope)
+        problem = admission_problem(self.state, envelope)  # believed only if admissible
+        if problem is not None:
+            self.refused.append(Refused(seq=seq, envelope=envelope, reason=problem))
+        else:
+            if self.statistics is not None:
+                self.statistics.observe(self.state, envelope, seq)
+            for observer in self.observers:
+                observer(self.state, envelope, seq)
+            evolve(self.state, envelope)
+            remember(self.state, envelope)
         if last:
             self.open_entry = None
             self._mark(seq, event_node(envelope.event))
@@ -85,6 +106,11 @@ class Projection:
         for index, envelope in enumerate(envelopes):
             new = self.apply(seq, envelope, index=index, last=index == last) or new
         return new
+
+    def take_refused(self) -> list[Refused]:
+        """The envelopes refused since the last call (for the owner to record)."""
+        refused, self.refused = self.refused, []
+        return refused
 
     def skip(self, seq: int, node: str | None) -> bool:
         """Account for an entry that could not be decoded (it still occupies its sequence).

@@ -75,6 +75,8 @@ class StateRecord(msgspec.Struct, frozen=True, kw_only=True):
     """In the order of ``State.pods``."""
     rejected_messages: int
     rejected_sequences: list[int] = []
+    applied_ids: list[str] = []
+    """Oldest first (admission_check: replays); empty in snapshots written before it."""
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -174,6 +176,7 @@ def state_record(state: State) -> StateRecord:
         pods=[pod_record(pod) for pod in state.pods.values()],
         rejected_messages=state.rejected_messages,
         rejected_sequences=sorted(state.rejected_sequences),
+        applied_ids=list(state.applied_ids),
     )
 
 
@@ -183,6 +186,7 @@ def state_from_record(record: StateRecord) -> State:
         pods={pod.ref: pod_state(pod) for pod in record.pods},
         rejected_messages=record.rejected_messages,
         rejected_sequences=set(record.rejected_sequences),
+        applied_ids=dict.fromkeys(record.applied_ids),
     )
 
 

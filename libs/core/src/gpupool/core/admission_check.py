@@ -1,0 +1,117 @@
+"""Every logged event is checked against the state before it is folded (pure, deterministic).
+
+An entry that decodes is not yet believed: a fuzzer's valid ``Assigned`` for a pod
+nobody registered, a GPU index beyond the node's inventory, or an old ``Released``
+appended again under a new message id (past JetStream's duplicate window) would
+otherwise be applied — the last one ends a running job. :func:`admission_problem`
+says why an envelope cannot be applied to the state; the projection then folds
+nothing of it and the service records it as a MessageRejected with that reason.
+
+The rules are what the services never write in correct operation (``gpupool verify``
+flags each as a violation), so a log the services wrote folds exactly as before:
+
+* **replays**: an envelope id applied before (the last :data:`MAX_REMEMBERED_IDS`
+  ids are kept, in the state and its snapshots; replays of older entries are caught
+  by the per-pod rules below);
+* **PodReady** for a pod not registered, or not dormant;
+* **Assigned** for a pod not registered, registered on another node, not waiting
+  (a share-pool pod must be ready; a static pod must hold no other GPU), or on a GPU
+  the node does not have (its inventory, or before one its advertised count);
+* **Preempted** of a victim not running on that GPU, or for a preemptor not registered;
+* **Released** of a pod not registered, of a GPU the pod does not hold, or out of a
+  queue the pod is not in.
+
+The fold stays deterministic: the decision depends only on the state and the envelope.
+"""
+
+from __future__ import annotations
+
+from gpupool.core.state import NodeState, State
+from gpupool.events import Assigned, Envelope, MessageRejected, PodReady, Preempted, Released
+
+MAX_REMEMBERED_IDS = 50_000
+"""Envelope ids remembered to recognise a replay (about 2 MB of state)."""
+
+REPLAYED = "ReplayedEnvelope"
+UNKNOWN_POD = "UnknownPod"
+UNKNOWN_GPU = "UnknownGpu"
+OUT_OF_ORDER = "EventOutOfOrder"
+
+
+def admission_problem(state: State, envelope: Envelope) -> str | None:
+    """``"<Reason>: <message>"`` if the envelope must not be applied to ``state``; None if it may."""
+    event = envelope.event
+    if isinstance(event, MessageRejected):
+        return None  # folded idempotently by its sequence; never refused
+    if envelope.id in state.applied_ids:
+        return f"{REPLAYED}: envelope {envelope.id} was applied before (a replay of it)"
+    match event:
+        case PodReady():
+            pod = state.pods.get(event.pod)
+            if pod is None:
+                return f"{UNKNOWN_POD}: {event.pod} is not registered"
+            if pod.phase != "dormant":
+                return f"{OUT_OF_ORDER}: {event.pod} became ready while {pod.phase}"
+        case Assigned():
+            pod = state.pods.get(event.pod)
+            if pod is None:
+                return f"{UNKNOWN_POD}: {event.pod} is not registered"
+            if pod.node != event.node:
+                return f"{UNKNOWN_POD}: {event.pod} is registered on {pod.node}, not {event.node}"
+            node = state.nodes.get(event.node)
+            if node is None or not _has_gpu(node, event.gpu_index):
+                return f"{UNKNOWN_GPU}: node {event.node} has no GPU {event.gpu_index}"
+            if pod.policy == "static":
+                if pod.gpu_index not in (None, event.gpu_index) or pod.phase == "running":
+                    return (
+                        f"{OUT_OF_ORDER}: static pod {event.pod} is {pod.phase} on GPU "
+                        f"{pod.gpu_index}; assigned GPU {event.gpu_index}"
+                    )
+            elif pod.phase != "ready":
+                return f"{OUT_OF_ORDER}: {event.pod} was assigned while {pod.phase}, not ready"
+        case Preempted():
+            victim = state.pods.get(event.victim)
+            if victim is None:
+                return f"{UNKNOWN_POD}: victim {event.victim} is not registered"
+            if victim.phase != "running" or victim.gpu_index != event.gpu_index:
+                return (
+                    f"{OUT_OF_ORDER}: victim {event.victim} is {victim.phase}, not running on "
+                    f"GPU {event.gpu_index}"
+                )
+            if event.preemptor not in state.pods:
+                return f"{UNKNOWN_POD}: preemptor {event.preemptor} is not registered"
+        case Released():
+            pod = state.pods.get(event.pod)
+            if pod is None:
+                return f"{UNKNOWN_POD}: {event.pod} is not registered"
+            if event.gpu_index is None:
+                if pod.phase != "ready":
+                    return f"{OUT_OF_ORDER}: {event.pod} left the queue while {pod.phase}"
+            elif pod.gpu_index != event.gpu_index:
+                held = "no GPU" if pod.gpu_index is None else f"GPU {pod.gpu_index}"
+                return (
+                    f"{OUT_OF_ORDER}: {event.pod} released GPU {event.gpu_index} but holds {held}"
+                )
+            elif pod.phase != "running" and not (
+                pod.policy == "static" and event.reason == "gpu-vanished"
+            ):
+                return (
+                    f"{OUT_OF_ORDER}: {event.pod} released GPU {event.gpu_index} while {pod.phase}"
+                )
+        case _:
+            pass
+    return None
+
+
+def _has_gpu(node: NodeState, index: int) -> bool:
+    if node.gpus:
+        return any(gpu.index == index for gpu in node.gpus)
+    return 0 <= index < node.gpu_count
+
+
+def remember(state: State, envelope: Envelope) -> None:
+    """Record an applied envelope's id (the oldest is forgotten past MAX_REMEMBERED_IDS)."""
+    ids = state.applied_ids
+    ids[envelope.id] = None
+    if len(ids) > MAX_REMEMBERED_IDS:
+        del ids[next(iter(ids))]
