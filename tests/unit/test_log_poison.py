@@ -14,6 +14,8 @@ import uuid
 import pytest
 from core_gwt import T0, node_events, ref, registered
 
+from gpupool.cli.audit import verify
+from gpupool.cli.commands.verify import render
 from gpupool.core import RequestGpu, Schedule
 from gpupool.eventlog import InMemoryEventLog
 from gpupool.eventlog.port import StoredEvent, Undecodable, read_entries
@@ -57,7 +59,7 @@ SHARE_INF_V1 = json.dumps(
 """A 270-byte schema-1 entry whose share upcasts to round(inf * 100): OverflowError."""
 
 
-def assigned_json(gpu_index: int, *, node: str = "n1") -> bytes:
+def assigned_json(gpu_index: int, *, node: str = "n1", pod: str = "a") -> bytes:
     return json.dumps(
         {
             "schema": 2,
@@ -65,7 +67,7 @@ def assigned_json(gpu_index: int, *, node: str = "n1") -> bytes:
             "time": "2025-04-22T08:00:00Z",
             "event": {
                 "type": "Assigned",
-                "pod": {"namespace": "default", "name": "a"},
+                "pod": {"namespace": "default", "name": pod},
                 "node": node,
                 "gpu_index": gpu_index,
                 "gpu_uuid": "GPU-0",
@@ -208,3 +210,39 @@ async def test_poison_entries_are_set_aside_once_and_every_node_is_still_decided
         assert words in rejections[seq]
     assert admission.conflicts == 0
     assert admission.projection.state.pods[ref("b")].phase == "running"
+
+
+def test_verify_reads_a_log_of_poison_to_its_end_and_lists_each_entry_set_aside() -> None:
+    good = [
+        envelope(event) for event in [*node_events(1, node="n1"), registered("a", 50, node="n1")]
+    ]
+    entries = [
+        entry
+        for seq, (subject, data) in enumerate(
+            [
+                *((subject_for(e.event, prefix="gpupool.log"), encode_envelope(e)) for e in good),
+                ("gpupool.log.n1.Assigned", NESTED_1000),
+                ("gpupool.log.n1.PodRegistered", SHARE_INF_V1),
+                (
+                    "gpupool.log.n2.PodReady",
+                    encode_envelope(envelope(PodReady(pod=ref("a"), node="n1"))),
+                ),
+                ("gpupool.log.n1.Assigned", assigned_json(2**70)),
+                ("gpupool.log.n1.Assigned", assigned_json(0, pod="ghost")),  # valid; no such pod
+            ],
+            start=1,
+        )
+        for entry in read_entries(seq, subject, data)
+    ]
+    report = verify(entries)
+    first = len(good) + 1
+    assert [entry.seq for entry in report.set_aside] == list(range(first, first + 5))
+    reasons = [entry.reason for entry in report.set_aside]
+    for words, reason in zip(
+        ["nested deeper", "cannot upcast", "names node 'n2'", "gpu_index", "UnknownPod"],
+        reasons,
+        strict=True,
+    ):
+        assert words in reason
+    assert report.undecodable == 4
+    assert f"set aside #{first + 4}: UnknownPod" in "\n".join(render(report))

@@ -51,6 +51,13 @@ class Violation(msgspec.Struct, frozen=True, kw_only=True):
     message: str
 
 
+class SetAside(msgspec.Struct, frozen=True, kw_only=True):
+    """An entry the services do not fold: unreadable, or not believed (admission_check)."""
+
+    seq: int
+    reason: str
+
+
 class VerifyReport(msgspec.Struct, kw_only=True):
     entries: int = 0
     undecodable: int = 0
@@ -60,6 +67,8 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     preemptions: int = 0
     releases: int = 0
     violations: list[Violation] = []
+    set_aside: list[SetAside] = []
+    """Every entry not folded, with why (the services record each as a MessageRejected)."""
 
     @property
     def ok(self) -> bool:
@@ -310,11 +319,13 @@ def verify(entries: Sequence[Entry]) -> VerifyReport:
         report.entries += 1
         if isinstance(entry, Undecodable):
             report.undecodable += 1
+            report.set_aside.append(SetAside(seq=entry.seq, reason=entry.error))
             verifier.projection.skip(entry.seq, None)
             continue
         verifier.check(entry)
         verifier.projection.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
         for refused in verifier.projection.take_refused():
+            report.set_aside.append(SetAside(seq=refused.seq, reason=refused.reason))
             # the other refusals (admission_check) break an invariant checked above already
             if refused.reason.startswith(REPLAYED):
                 pod = event_pod(refused.envelope.event)
