@@ -13,11 +13,11 @@ from __future__ import annotations
 import uuid
 
 import msgspec
-from core_gwt import NODE, T0, at, gpu_uuid, node_events, ref, registered
+from core_gwt import NODE, at, gpu_uuid, node_events, ref, registered
 
 from gpupool.cli.audit import verify
 from gpupool.core import RequestGpu, Schedule, State, evolve
-from gpupool.core.admission_check import MAX_REMEMBERED_IDS, admission_problem, remember
+from gpupool.core.admission_check import MAX_REMEMBERED_IDS, EnvelopeIds, admission_problem
 from gpupool.eventlog import InMemoryEventLog
 from gpupool.eventlog.port import StoredEvent, read_entries
 from gpupool.eventlog.subjects import subject_for
@@ -158,11 +158,12 @@ def test_replays_are_recognised_after_a_snapshot_and_the_index_is_bounded() -> N
     (refused,) = resumed.take_refused()
     assert refused.reason.startswith("ReplayedEnvelope")
 
-    state = State()
+    ids = EnvelopeIds()
     for number in range(MAX_REMEMBERED_IDS + 10):
-        remember(state, Envelope(id=f"e{number}", time=T0, event=events[0]))
-    assert len(state.applied_ids) == MAX_REMEMBERED_IDS
-    assert "e0" not in state.applied_ids and f"e{MAX_REMEMBERED_IDS + 9}" in state.applied_ids
+        ids.add(f"e{number}")
+    assert len(ids) == MAX_REMEMBERED_IDS
+    assert "e0" not in ids and "e9" not in ids and "e10" in ids
+    assert f"e{MAX_REMEMBERED_IDS + 9}" in ids
 
 
 def test_a_log_the_services_wrote_folds_with_nothing_refused() -> None:
@@ -178,10 +179,11 @@ def test_a_log_the_services_wrote_folds_with_nothing_refused() -> None:
         Released(pod=ref("a"), node=NODE, reason="completed", gpu_index=0, exit_code=0),
     ]
     state = State()
+    ids = EnvelopeIds()
     for item in (envelope(event) for event in events):
-        assert admission_problem(state, item) is None, item.event
+        assert admission_problem(state, item, ids) is None, item.event
         evolve(state, item)
-        remember(state, item)
+        ids.add(item.id)
 
 
 def test_verify_reports_an_entry_appended_again() -> None:

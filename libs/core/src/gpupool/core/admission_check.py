@@ -11,8 +11,9 @@ The rules are what the services never write in correct operation (``gpupool veri
 flags each as a violation), so a log the services wrote folds exactly as before:
 
 * **replays**: an envelope id applied before (the last :data:`MAX_REMEMBERED_IDS`
-  ids are kept, in the state and its snapshots; replays of older entries are caught
-  by the per-pod rules below);
+  ids are kept in :class:`EnvelopeIds`, which the projection owns and snapshots;
+  not in the State, which ``decide`` copies; replays of older entries meet the
+  per-pod rules below);
 * **PodReady** for a pod not registered, or not dormant;
 * **Assigned** for a pod not registered, registered on another node, not waiting
   (a share-pool pod must be ready; a static pod must hold no other GPU), or on a GPU
@@ -26,6 +27,9 @@ The fold stays deterministic: the decision depends only on the state and the env
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterable
+
 from gpupool.core.state import NodeState, State
 from gpupool.events import Assigned, Envelope, MessageRejected, PodReady, Preempted, Released
 
@@ -38,12 +42,34 @@ UNKNOWN_GPU = "UnknownGpu"
 OUT_OF_ORDER = "EventOutOfOrder"
 
 
-def admission_problem(state: State, envelope: Envelope) -> str | None:
-    """``"<Reason>: <message>"`` if the envelope must not be applied to ``state``; None if it may."""
+class EnvelopeIds(OrderedDict[str, None]):
+    """The ids of the last ``limit`` envelopes applied, oldest first (a bounded FIFO set)."""
+
+    def __init__(self, ids: Iterable[str] = (), *, limit: int = MAX_REMEMBERED_IDS) -> None:
+        super().__init__()
+        self.limit = limit
+        for envelope_id in ids:
+            self.add(envelope_id)
+
+    def add(self, envelope_id: str) -> None:
+        self[envelope_id] = None
+        if len(self) > self.limit:
+            self.popitem(last=False)
+
+    def to_list(self) -> list[str]:
+        return list(self)
+
+
+def admission_problem(
+    state: State, envelope: Envelope, applied: EnvelopeIds | None = None
+) -> str | None:
+    """``"<Reason>: <message>"`` if the envelope must not be applied to ``state``; None if it may.
+
+    ``applied``: the ids applied so far (None: replays are not looked for)."""
     event = envelope.event
     if isinstance(event, MessageRejected):
         return None  # folded idempotently by its sequence; never refused
-    if envelope.id in state.applied_ids:
+    if applied is not None and envelope.id in applied:
         return f"{REPLAYED}: envelope {envelope.id} was applied before (a replay of it)"
     match event:
         case PodReady():
@@ -104,14 +130,9 @@ def admission_problem(state: State, envelope: Envelope) -> str | None:
 
 
 def _has_gpu(node: NodeState, index: int) -> bool:
-    if node.gpus:
-        return any(gpu.index == index for gpu in node.gpus)
+    gpus = node.gpus
+    if gpus:
+        if index < len(gpus) and gpus[index].index == index:  # inventories list 0..n-1
+            return True
+        return any(gpu.index == index for gpu in gpus)
     return 0 <= index < node.gpu_count
-
-
-def remember(state: State, envelope: Envelope) -> None:
-    """Record an applied envelope's id (the oldest is forgotten past MAX_REMEMBERED_IDS)."""
-    ids = state.applied_ids
-    ids[envelope.id] = None
-    if len(ids) > MAX_REMEMBERED_IDS:
-        del ids[next(iter(ids))]

@@ -81,8 +81,6 @@ class State:
     rejected_messages: int = 0
     rejected_sequences: set[int] = field(default_factory=set)
     """Log sequences whose MessageRejected is folded: each is set aside once, forever."""
-    applied_ids: dict[str, None] = field(default_factory=dict)
-    """The ids of the last envelopes applied, oldest first (admission_check: replays)."""
 
     def node(self, name: str) -> NodeState:
         """The node's state, created empty on first mention."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpupool.core import State, evolve
-from gpupool.core.admission_check import admission_problem, remember
+from gpupool.core.admission_check import EnvelopeIds, admission_problem
 from gpupool.events import Envelope, event_node
 from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
@@ -62,6 +62,8 @@ class Projection:
     open_entry: tuple[int, int] | None = None
     """A decision entry folded in part: (its sequence, the index of its next envelope)."""
 
+    envelope_ids: EnvelopeIds = field(default_factory=EnvelopeIds)
+    """The last envelope ids applied: a replay of one is refused (``admission_check``)."""
     refused: list[Refused] = field(default_factory=list)
     """Envelopes not applied since the owner last took them (``take_refused``): see
     ``gpupool.core.admission_check``. They still count as applied (their sequence is passed)."""
@@ -82,7 +84,9 @@ class Projection:
         """
         if self.applied(seq, index):
             return False
-        problem = admission_problem(self.state, envelope)  # believed only if admissible
+        problem = admission_problem(
+            self.state, envelope, self.envelope_ids
+        )  # believed if admissible
         if problem is not None:
             self.refused.append(Refused(seq=seq, envelope=envelope, reason=problem))
         else:
@@ -91,7 +95,7 @@ class Projection:
             for observer in self.observers:
                 observer(self.state, envelope, seq)
             evolve(self.state, envelope)
-            remember(self.state, envelope)
+            self.envelope_ids.add(envelope.id)
         if last:
             self.open_entry = None
             self._mark(seq, event_node(envelope.event))
@@ -150,6 +154,7 @@ class Projection:
             open_entry=self.open_entry,
             state=state_record(self.state),
             statistics=None if self.statistics is None else self.statistics.copy(),
+            applied_ids=self.envelope_ids.to_list(),
         )
 
     @classmethod
@@ -163,6 +168,7 @@ class Projection:
             ahead=set(snapshot.ahead),
             open_entry=snapshot.open_entry,
             statistics=None if snapshot.statistics is None else snapshot.statistics.copy(),
+            envelope_ids=EnvelopeIds(snapshot.applied_ids),
         )
 
 

@@ -75,8 +75,6 @@ class StateRecord(msgspec.Struct, frozen=True, kw_only=True):
     """In the order of ``State.pods``."""
     rejected_messages: int
     rejected_sequences: list[int] = []
-    applied_ids: list[str] = []
-    """Oldest first (admission_check: replays); empty in snapshots written before it."""
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +90,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     statistics: LogStatistics | None = None
     open_entry: tuple[int, int] | None = None
     """A decision entry folded in part when the snapshot was taken (see ``Projection``)."""
+    applied_ids: list[str] = []
+    """The last envelope ids applied, oldest first (``Projection.envelope_ids``: replays);
+    empty in snapshots written before it."""
 
 
 class _FormatProbe(msgspec.Struct):
@@ -176,7 +177,6 @@ def state_record(state: State) -> StateRecord:
         pods=[pod_record(pod) for pod in state.pods.values()],
         rejected_messages=state.rejected_messages,
         rejected_sequences=sorted(state.rejected_sequences),
-        applied_ids=list(state.applied_ids),
     )
 
 
@@ -186,7 +186,6 @@ def state_from_record(record: StateRecord) -> State:
         pods={pod.ref: pod_state(pod) for pod in record.pods},
         rejected_messages=record.rejected_messages,
         rejected_sequences=set(record.rejected_sequences),
-        applied_ids=dict.fromkeys(record.applied_ids),
     )
 
 
