@@ -19,6 +19,7 @@ the metrics expose. ``to_snapshot``/``from_snapshot`` persist and resume all of 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,6 +35,8 @@ from gpupool.runtime.snapshot import (
 from gpupool.runtime.statistics import LogStatistics
 
 Observer = Callable[[State, Envelope, int], None]
+
+MAX_PENDING_REFUSALS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +67,10 @@ class Projection:
 
     envelope_ids: EnvelopeIds = field(default_factory=EnvelopeIds)
     """The last envelope ids applied: a replay of one is refused (``admission_check``)."""
-    refused: list[Refused] = field(default_factory=list)
+    refused: deque[Refused] = field(default_factory=lambda: deque(maxlen=MAX_PENDING_REFUSALS))
     """Envelopes not applied since the owner last took them (``take_refused``): see
-    ``gpupool.core.admission_check``. They still count as applied (their sequence is passed)."""
+    ``gpupool.core.admission_check``. They still count as applied (their sequence is passed).
+    A reader that never takes them keeps only the last MAX_PENDING_REFUSALS."""
 
     def applied(self, seq: int, index: int = 0) -> bool:
         if seq <= self.last_seq or seq in self.ahead:
@@ -113,7 +117,8 @@ class Projection:
 
     def take_refused(self) -> list[Refused]:
         """The envelopes refused since the last call (for the owner to record)."""
-        refused, self.refused = self.refused, []
+        refused = list(self.refused)
+        self.refused.clear()
         return refused
 
     def skip(self, seq: int, node: str | None) -> bool:
