@@ -211,3 +211,19 @@ def test_verify_reports_an_entry_appended_again() -> None:
         (len(envelopes) + 1, old_release.id, "default/a")
     ]
     assert msgspec.to_builtins(report)["violations"]
+
+
+def test_a_second_registration_of_a_registered_pod_does_not_reset_it() -> None:
+    projection = Projection()
+    events: list[Event] = [
+        *node_events(1),
+        registered("a", 50),
+        PodReady(pod=ref("a"), node=NODE),
+        Assigned(pod=ref("a"), node=NODE, gpu_index=0, gpu_uuid=gpu_uuid(0)),
+        registered("a", 50),  # a new id: no replay, but the pod is running
+    ]
+    for seq, item in enumerate((envelope(event) for event in events), start=1):
+        projection.apply(seq, item)
+    (refused,) = projection.take_refused()
+    assert refused.reason.startswith("EventOutOfOrder: default/a is already registered")
+    assert projection.state.pods[ref("a")].phase == "running"

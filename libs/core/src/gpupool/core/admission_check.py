@@ -14,6 +14,7 @@ flags each as a violation), so a log the services wrote folds exactly as before:
   ids are kept in :class:`EnvelopeIds`, which the projection owns and snapshots;
   not in the State, which ``decide`` copies; replays of older entries meet the
   per-pod rules below);
+* **PodRegistered** for a pod already registered (it would reset a pod holding a GPU);
 * **PodReady** for a pod not registered, or not dormant;
 * **Assigned** for a pod not registered, registered on another node, not waiting
   (a share-pool pod must be ready; a static pod must hold no other GPU), or on a GPU
@@ -31,7 +32,15 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from gpupool.core.state import NodeState, State
-from gpupool.events import Assigned, Envelope, MessageRejected, PodReady, Preempted, Released
+from gpupool.events import (
+    Assigned,
+    Envelope,
+    MessageRejected,
+    PodReady,
+    PodRegistered,
+    Preempted,
+    Released,
+)
 
 MAX_REMEMBERED_IDS = 50_000
 """Envelope ids remembered to recognise a replay (about 2 MB of state)."""
@@ -72,6 +81,10 @@ def admission_problem(
     if applied is not None and envelope.id in applied:
         return f"{REPLAYED}: envelope {envelope.id} was applied before (a replay of it)"
     match event:
+        case PodRegistered():
+            existing = state.pods.get(event.pod)
+            if existing is not None:  # would reset a pod that may hold a GPU
+                return f"{OUT_OF_ORDER}: {event.pod} is already registered on {existing.node}"
         case PodReady():
             pod = state.pods.get(event.pod)
             if pod is None:
