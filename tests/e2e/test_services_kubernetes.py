@@ -19,8 +19,10 @@ from stack_harness import follow_log
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.events import (
+    Assigned,
     Envelope,
     NodeConfigured,
+    PodReady,
     PodRef,
     PodRegistered,
     PodRejected,
@@ -162,6 +164,17 @@ async def test_policy_service_in_kubernetes_mode(
             PodRef(namespace="default", name=n) for n in ("gpu-share-demo", "newcomer")
         )
         writer = await JetStreamEventLog.connect(nats_server)
+        # the victim runs and the preemptor waits, as the executor and admission-queue record
+        # it: a Preempted of a pod not running would not be believed (admission_check)
+        at = datetime(2025, 4, 22, 8, 12, 0, tzinfo=UTC)
+        for number, event in enumerate(
+            [
+                PodReady(pod=victim, node=SOURCE_NODE),
+                Assigned(pod=victim, node=SOURCE_NODE, gpu_index=0, gpu_uuid="GPU-0"),
+                PodReady(pod=preemptor, node=SOURCE_NODE),
+            ]
+        ):
+            await writer.append(Envelope(id=f"before-preempted-{number}", time=at, event=event))
         await writer.append(
             Envelope(
                 id="preempted-1",

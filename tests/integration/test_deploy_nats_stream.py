@@ -22,10 +22,11 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js.api import StreamConfig
+from nats.js.api import DiscardPolicy, StreamConfig
 
 from gpupool.eventlog import JetStreamEventLog
 from gpupool.eventlog.nats_server import ServerOutput, find_nats_server
+from gpupool.events.limits import MAX_ENTRY_BYTES
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +117,13 @@ def unique_names() -> tuple[str, str]:
 
 
 def ensure_stream(
-    url: str, stream: str, prefix: str, replicas: int, *, deadline_s: float = 60.0
+    url: str,
+    stream: str,
+    prefix: str,
+    replicas: int,
+    *,
+    deadline_s: float = 60.0,
+    max_bytes: str = "1GiB",
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
@@ -125,6 +132,7 @@ def ensure_stream(
         "GPUPOOL_SUBJECT_PREFIX": prefix,
         "GPUPOOL_STREAM_REPLICAS": str(replicas),
         "GPUPOOL_STREAM_DEADLINE_S": str(deadline_s),
+        "GPUPOOL_STREAM_MAX_BYTES": max_bytes,
     }
     return subprocess.run(
         [sys.executable, str(SCRIPT)],
@@ -177,7 +185,8 @@ async def test_creates_the_stream_as_the_services_would_with_three_replicas(
         assert config.subjects == [f"{prefix}.>"]
         services = await as_the_services_create_it(cluster_urls[2], reference, reference_prefix)
         assert services.num_replicas == 1
-        for field in ("retention", "storage", "discard", "max_msgs", "max_bytes", "max_age"):
+        fields = ("retention", "storage", "discard", "max_msgs", "max_bytes", "max_msg_size")
+        for field in (*fields, "max_age"):
             assert getattr(config, field) == getattr(services, field), field
         assert config.duplicate_window == services.duplicate_window
     finally:
@@ -229,6 +238,34 @@ def test_one_replica_on_a_single_server(nats_url: str) -> None:
     result = ensure_stream(nats_url, stream, prefix, replicas=1)
     assert result.returncode == 0, result.stderr
     assert "nothing to do" in result.stderr  # created with one replica, as asked
+
+
+async def test_bounds_an_unbounded_stream_it_finds_and_then_changes_nothing(
+    nats_url: str,
+) -> None:
+    """A stream created before the log had bounds gets them (discard: new) on the next deploy."""
+    stream, prefix = unique_names()
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.jetstream().add_stream(
+            StreamConfig(name=stream, subjects=[f"{prefix}.>"], discard=DiscardPolicy.OLD)
+        )
+    finally:
+        await nc.close()
+    try:
+        first = ensure_stream(nats_url, stream, prefix, replicas=1, max_bytes="64MiB")
+        assert first.returncode == 0, first.stderr
+        assert "max_bytes -1 -> 67108864" in first.stderr
+        config, _, _ = await stream_config(nats_url, stream)
+        assert (config.max_bytes, config.max_msg_size, config.discard) == (
+            64 * 1024 * 1024,
+            MAX_ENTRY_BYTES,
+            DiscardPolicy.NEW,
+        )
+        second = ensure_stream(nats_url, stream, prefix, replicas=1, max_bytes="64MiB")
+        assert "nothing to do" in second.stderr, second.stderr
+    finally:
+        await delete_streams(nats_url, stream)
 
 
 def test_rejects_a_replica_count_jetstream_does_not_allow() -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from gpupool.eventlog import InMemoryEventLog, JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
-from gpupool.events import Envelope, Event, MessageRejected, PodReady, PodRef
+from gpupool.events import Envelope, Event, MessageRejected, PodRef, PodRegistered, Share
 from gpupool.runtime.decider import DeciderLoop
 
 T0 = datetime(2025, 4, 22, 8, 0, 0, tzinfo=UTC)
@@ -30,8 +30,17 @@ def envelope(event: Event) -> Envelope:
     return Envelope(id=uuid.uuid4().hex, time=T0, event=event)
 
 
-def ready(name: str, node: str = "n") -> PodReady:
-    return PodReady(pod=PodRef(namespace="default", name=name), node=node)
+def registered(name: str, node: str = "n") -> PodRegistered:
+    """A pod's registration: an event every service folds without question (a PodReady of a
+    pod nobody registered would itself be set aside: gpupool.core.admission_check)."""
+    share = Share(core=10, memory=10)
+    return PodRegistered(
+        pod=PodRef(namespace="default", name=name),
+        node=node,
+        policy="share-pool",
+        requests=share,
+        limits=share,
+    )
 
 
 class CountingLog(InMemoryEventLog):
@@ -69,7 +78,7 @@ class CountingLog(InMemoryEventLog):
 
 async def test_a_rejection_is_recorded_once_even_by_a_replica_rebuilding_from_zero() -> None:
     log = CountingLog()
-    await log.append(envelope(ready("a")))
+    await log.append(envelope(registered("a")))
     garbage = await log.append_raw("gpupool.log.n.PodReady", b"\x00 not json")
     first = DeciderLoop(log, service="admission-queue")
     await first.rebuild()
@@ -105,7 +114,7 @@ async def test_a_rejection_written_before_it_named_its_sequence_is_recognised_by
 async def test_a_service_rebuilt_from_zero_is_not_handed_the_folded_log_again() -> None:
     log = CountingLog()
     for index in range(200):
-        await log.append(envelope(ready(f"p{index}")))
+        await log.append(envelope(registered(f"p{index}")))
     loop = DeciderLoop(log, service="admission-queue")
     await loop.rebuild()
     live = asyncio.Event()
@@ -117,7 +126,7 @@ async def test_a_service_rebuilt_from_zero_is_not_handed_the_folded_log_again() 
 
     consumer = asyncio.create_task(loop.consume("admission-queue-x", react))
     try:
-        later = await log.append(envelope(ready("later")))
+        later = await log.append(envelope(registered("later")))
         async with asyncio.timeout(5):
             await live.wait()
         assert seen == [later]
@@ -147,7 +156,8 @@ async def test_cancelling_the_consumer_works_while_a_burst_keeps_arriving(
             index = 0
             while not stop.is_set():
                 batch: Sequence[Envelope] = [
-                    envelope(ready(f"b{attempt}-{index}-{i}", node=f"n{i % 4}")) for i in range(50)
+                    envelope(registered(f"b{attempt}-{index}-{i}", node=f"n{i % 4}"))
+                    for i in range(50)
                 ]
                 await jetstream_log.append_many(batch)
                 index += 1

@@ -760,7 +760,7 @@ CORE_SOURCE = Path(gpupool.core.__file__).parent
 
 def test_every_rejection_reason_in_the_core_is_tested() -> None:
     in_code: set[str] = set()
-    for module in ("validation.py", "decide.py"):
+    for module in ("validation.py", "decide.py", "input_bounds.py"):
         text = (CORE_SOURCE / module).read_text()
         in_code |= set(re.findall(r'(?:reason=|reject\(\s*)"([A-Z][A-Za-z]+)"', text))
     tested = {
@@ -769,5 +769,8 @@ def test_every_rejection_reason_in_the_core_is_tested() -> None:
         for p in table
     }
     tested.add("InvalidQosConfig")  # test_invalid_qos_annotations
+    # tests/unit/test_input_poison.py: names and numbers the log cannot hold
+    tested |= {"InvalidNodeName", "InvalidPodName", "InvalidPodUid", "InvalidPriority"}
+    tested.add("InvalidGpuCount")
     assert len(in_code) >= 20
     assert in_code == tested

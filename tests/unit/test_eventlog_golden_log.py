@@ -54,7 +54,7 @@ def test_the_golden_log_folds_to_both_pods_running() -> None:
 
 
 def test_a_decision_entry_reads_as_one_stored_event_per_envelope_with_one_sequence() -> None:
-    entries = read_entries(7, "gpupool.log.n.Decision", lines()[6])
+    entries = read_entries(7, "gpupool.log.cn-wulanchabu-c_cr-xxx.Decision", lines()[6])
     assert [(e.seq, e.index, e.last) for e in entries if isinstance(e, StoredEvent)] == [
         (7, 0, False),
         (7, 1, True),

@@ -7,7 +7,9 @@ starts this script:
 
 1. creates the stream exactly as the services would, if it is missing;
 2. sets its replicas to ``GPUPOOL_STREAM_REPLICAS`` (an existing stream is scaled
-   up or down in place; nothing else of its configuration changes);
+   up or down in place) and its bounds to ``GPUPOOL_STREAM_MAX_BYTES`` with the
+   entry size limit and ``discard: new`` (gpupool.eventlog.stream_limits); nothing
+   else of its configuration changes;
 3. waits until every follower is current, so the service starts on a log that is
    already replicated.
 
@@ -18,7 +20,8 @@ while some of its servers are still starting and when it has fewer servers than
 replicas asked for (the last answer is printed when the deadline passes).
 
 Settings (environment): ``GPUPOOL_NATS_URL``, ``GPUPOOL_STREAM`` (default GPUPOOL),
-``GPUPOOL_STREAM_REPLICAS`` (default 1), ``GPUPOOL_STREAM_DEADLINE_S`` (default 120),
+``GPUPOOL_STREAM_REPLICAS`` (default 1), ``GPUPOOL_STREAM_MAX_BYTES`` (default 1GiB),
+``GPUPOOL_STREAM_DEADLINE_S`` (default 120),
 ``GPUPOOL_SUBJECT_PREFIX`` (default: the production prefix; tests use their own),
 ``GPUPOOL_NATS_CREDENTIALS`` (the ``stream-admin`` nkey seed file, where NATS
 authenticates) and ``GPUPOOL_NATS_CA`` (the CA of the server's TLS certificate).
@@ -42,6 +45,7 @@ from nats.js import JetStreamContext
 from gpupool.eventlog import JetStreamEventLog
 from gpupool.eventlog.credentials import connect_options
 from gpupool.eventlog.jetstream import DEFAULT_STREAM
+from gpupool.eventlog.stream_limits import StreamLimits
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
 
 RETRY_PAUSE_S = (0.5, 1.0, 2.0, 5.0)
@@ -107,11 +111,29 @@ async def ensure_once(
         js = nc.jetstream(timeout=10.0)
         info = await js.stream_info(stream)
         current = info.config.num_replicas or 1
-        if current == replicas:
-            done = f"stream {stream} has {replicas} replica(s); nothing to do"
+        limits = StreamLimits.from_environment()
+        changes: list[str] = []
+        if current != replicas:
+            changes.append(f"replicas {current} -> {replicas}")
+        if limits.differs_from(info.config):
+            changes.append(
+                f"max_bytes {info.config.max_bytes} -> {limits.max_bytes}, max_msg_size "
+                f"{info.config.max_msg_size} -> {limits.max_msg_size}, discard "
+                f"{info.config.discard} -> {limits.discard}"
+            )
+        if not changes:
+            done = f"stream {stream} has {replicas} replica(s) and its bounds; nothing to do"
         else:
-            await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
-            done = f"stream {stream}: replicas {current} -> {replicas}"
+            await js.update_stream(
+                dataclasses.replace(
+                    info.config,
+                    num_replicas=replicas,
+                    max_bytes=limits.max_bytes,
+                    max_msg_size=limits.max_msg_size,
+                    discard=limits.discard,
+                )
+            )
+            done = f"stream {stream}: " + "; ".join(changes)
         await wait_until_replicated(js, stream, replicas, give_up_at)
         return done
     finally:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from gpupool.core.evolve import evolve
+from gpupool.core.input_bounds import refuse_node_config, refuse_pod_manifest
 from gpupool.core.placement import (
     add,
     allocated_requests,
@@ -136,12 +137,14 @@ Command = (
 
 def decide(state: State, command: Command, now: datetime) -> list[Event]:
     match command:
-        case ConfigureNode():
-            return _configure_node(state, command)
+        case ConfigureNode():  # a name the log cannot hold is refused first (input_bounds)
+            return refuse_node_config(command.node, command.gpu_count) or _configure_node(
+                state, command
+            )
         case ReportInventory():
             return _report_inventory(state, command)
         case RegisterPod():
-            return _register_pod(state, command.manifest)
+            return refuse_pod_manifest(command.manifest) or _register_pod(state, command.manifest)
         case RemovePod():
             return _remove_pod(state, command)
         case ReconcilePods():

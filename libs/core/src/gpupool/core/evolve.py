@@ -91,7 +91,8 @@ def evolve(state: State, envelope: Envelope) -> State:
             node.policy = None
             node.rejection = None
         case NodeRejected():
-            state.node(event.node).rejection = (event.reason, event.message)
+            if event.node:  # a name no node can have is rejected on no node (input_bounds)
+                state.node(event.node).rejection = (event.reason, event.message)
         case MessageRejected():
             seq = event.seq or _rejected_seq_of_id(envelope.id)
             if seq == 0 or seq not in state.rejected_sequences:

@@ -49,6 +49,7 @@ from gpupool.events import (
     ReleaseReason,
     event_node,
 )
+from gpupool.events.limits import GpuCount, MemoryMiB
 
 DEFAULT_START = datetime(2025, 1, 1, tzinfo=UTC)
 ActionKind = Literal["ready", "complete", "fail", "oom", "cancel", "delete", "set-policy"]
@@ -56,8 +57,8 @@ ActionKind = Literal["ready", "complete", "fail", "oom", "cancel", "delete", "se
 
 class ScenarioNode(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str
-    gpus: int
-    gpu_memory_mib: int = 81920
+    gpus: GpuCount
+    gpu_memory_mib: MemoryMiB = 81920
     policy: str = "share-pool"
     qos: str | None = None
     """The ``alibabacloud.com/gpu-share-qos-config`` annotation, as JSON text."""

@@ -13,6 +13,13 @@ from decimal import Decimal, InvalidOperation
 import msgspec
 
 from gpupool.events import Policy, QosConfig, Share
+from gpupool.events.limits import (
+    MAX_DURATION_MINUTES,
+    MAX_NAMESPACE,
+    MAX_NODE_NAME,
+    MAX_POD_NAME,
+    MAX_SECONDS_SETTING,
+)
 
 COMPUTE_CLASS_LABEL = "alibabacloud.com/compute-class"
 COMPUTE_CLASS = "gpu-hpn"
@@ -183,14 +190,26 @@ _QOS_KEYS: dict[str, tuple[str, type]] = {
 }
 
 
+MAX_QOS_ANNOTATION = 4096
+"""The longest QoS annotation read: its six keys fit in a tenth of it."""
+
+
 def parse_qos_annotation(text: str | None) -> QosConfig | Rejection:
-    """Parse ``alibabacloud.com/gpu-share-qos-config`` (missing: defaults, preemption off)."""
+    """Parse ``alibabacloud.com/gpu-share-qos-config`` (missing: defaults, preemption off).
+
+    Any text gives a QosConfig or a Rejection (never an exception): it is bounded in
+    length (and so in nesting), and every number in range (docs/behaviour.md).
+    """
     if text is None or not text.strip():
         return QosConfig()
+    if len(text) > MAX_QOS_ANNOTATION:
+        return _bad_qos(f"is {len(text)} characters long; at most {MAX_QOS_ANNOTATION} are read")
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         return _bad_qos(f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+    except RecursionError:
+        return _bad_qos("nests JSON deeper than a QoS configuration can")
     if not isinstance(raw, dict):
         return _bad_qos(f"must be a JSON object, not {type(raw).__name__}")
     fields: dict[str, object] = {}
@@ -207,19 +226,72 @@ def parse_qos_annotation(text: str | None) -> QosConfig | Rejection:
     minutes = fields.get("pod_max_duration_minutes")
     if isinstance(minutes, int) and minutes < 1:
         return _bad_qos(f"podMaxDurationMinutes must be at least 1, not {minutes}")
+    if isinstance(minutes, int) and minutes > MAX_DURATION_MINUTES:
+        return _bad_qos(
+            f"podMaxDurationMinutes must be at most {MAX_DURATION_MINUTES} (ten years), "
+            f"not {minutes}"
+        )
     grace = fields.get("preempt_grace_seconds")
     if isinstance(grace, int) and grace < 0:
         return _bad_qos(f"preemptGracePeriodSeconds must be 0 or more, not {grace}")
     period = fields.get("waiting_message_period_seconds")
     if isinstance(period, int) and period < 1:
         return _bad_qos(f"waitingMessagePeriodSeconds must be at least 1, not {period}")
+    for key, seconds in (
+        ("preemptGracePeriodSeconds", grace),
+        ("waitingMessagePeriodSeconds", period),
+    ):
+        if isinstance(seconds, int) and seconds > MAX_SECONDS_SETTING:
+            return _bad_qos(f"{key} must be at most {MAX_SECONDS_SETTING} (a day), not {seconds}")
     storage = fields.get("reserved_ephemeral_storage")
     if isinstance(storage, str):
         try:
             parse_quantity(storage)
         except ValueError as exc:
             return _bad_qos(f"reservedEphemeralStorage {exc}")
-    return msgspec.convert(fields, QosConfig)
+    try:
+        return msgspec.convert(fields, QosConfig)
+    except msgspec.ValidationError as exc:  # the checks above say why first; this is the net
+        return _bad_qos(f"is out of range: {exc}")
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
+def validate_node_name(name: str) -> Rejection | None:
+    """Why ``name`` cannot be a node gpupool manages (None: it can).
+
+    A Kubernetes node name is a DNS subdomain (at most 253 letters, digits, ``-`` and
+    ``.``); a name with a space, ``*``, ``>`` or ``_`` could not be a log subject token.
+    The rejection is recorded on no node (the name cannot be one), with the name
+    shortened in its message.
+    """
+    if len(name) <= MAX_NODE_NAME and _NODE_NAME.fullmatch(name):
+        return None
+    shown = repr(name[:64]) + (f" (and {len(name) - 64} more characters)" if len(name) > 64 else "")
+    return Rejection(
+        reason="InvalidNodeName",
+        message=f"node name {shown} is not a Kubernetes node name: at most {MAX_NODE_NAME} "
+        "letters, digits, '-' and '.', starting and ending with a letter or digit",
+    )
+
+
+def shortened_pod_ref(namespace: str, name: str) -> tuple[str, str]:
+    """A namespace and name that fit the log's limits (a pod named longer is rejected)."""
+    return namespace[:MAX_NAMESPACE], name[:MAX_POD_NAME]
+
+
+def pod_name_problem(namespace: str, name: str, uid: str = "") -> str | None:
+    for what, text in (("namespace", namespace), ("pod name", name), ("pod uid", uid)):
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return f"{what} {text[:64]!r} is not valid Unicode (it holds a lone surrogate)"
+    if len(namespace) > MAX_NAMESPACE:
+        return f"namespace of {len(namespace)} characters; at most {MAX_NAMESPACE}"
+    if len(name) > MAX_POD_NAME:
+        return f"pod name of {len(name)} characters; at most {MAX_POD_NAME}"
+    return None
 
 
 def _bad_qos(problem: str) -> Rejection:

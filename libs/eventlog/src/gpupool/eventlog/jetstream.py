@@ -43,6 +43,7 @@ from gpupool.eventlog.port import (
     entry_subject,
     read_entries,
 )
+from gpupool.eventlog.stream_limits import StreamLimits
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
     DEFAULT_WRITER,
@@ -145,12 +146,14 @@ class JetStreamEventLog:
         writer: str = DEFAULT_WRITER,
         credentials: Path | None = None,
         tls_ca: Path | None = None,
+        limits: StreamLimits | None = None,
     ) -> JetStreamEventLog:
         """Connect (retrying for up to ``connect_timeout``) and create the stream if needed.
 
         Every entry this log appends goes on ``<prefix>.<node>.<writer>``. ``credentials``
         (an nkey seed or ``.creds`` file) and ``tls_ca`` are for an authenticated server
-        (:func:`gpupool.eventlog.credentials.connect_options`); without them, none."""
+        (:func:`gpupool.eventlog.credentials.connect_options`); without them, none. A stream
+        it creates has ``limits`` (default: :meth:`StreamLimits.from_environment`)."""
         events = _ConnectionEvents(url)
         nc = await _connect(
             url,
@@ -164,13 +167,13 @@ class JetStreamEventLog:
         )
         events.log = log
         try:
-            await log._ensure_stream()
+            await log._ensure_stream(limits or StreamLimits.from_environment())
         except BaseException:
             await nc.close()
             raise
         return log
 
-    async def _ensure_stream(self) -> None:
+    async def _ensure_stream(self, limits: StreamLimits) -> None:
         subjects = f"{self.subject_prefix}.>"
         config = api.StreamConfig(
             name=self.stream,
@@ -178,9 +181,10 @@ class JetStreamEventLog:
             subjects=[subjects],
             retention=api.RetentionPolicy.LIMITS,
             storage=api.StorageType.FILE,
-            discard=api.DiscardPolicy.OLD,
+            discard=limits.discard,  # full: refuse appends, never drop the oldest entries
             max_msgs=-1,
-            max_bytes=-1,
+            max_bytes=limits.max_bytes,
+            max_msg_size=limits.max_msg_size,
             max_age=0,
             duplicate_window=DUPLICATE_WINDOW_S,
             num_replicas=1,
@@ -198,6 +202,15 @@ class JetStreamEventLog:
                     f"{info.config.subjects}"
                 ) from exc
             logger.info("stream %s exists with another configuration; using it", self.stream)
+            if limits.differs_from(info.config):
+                logger.warning(
+                    "stream %s is not bounded as gpupool creates it (max_bytes %s, "
+                    "max_msg_size %s, discard %s): deploy/base/nats/ensure_stream.py sets it",
+                    self.stream,
+                    info.config.max_bytes,
+                    info.config.max_msg_size,
+                    info.config.discard,
+                )
 
     # ------------------------------------------------------------------ writing
 

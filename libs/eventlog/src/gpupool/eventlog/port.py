@@ -14,7 +14,12 @@ from typing import Protocol
 
 import msgspec
 
-from gpupool.eventlog.subjects import DEFAULT_WRITER, node_entry_subject, node_token
+from gpupool.eventlog.subjects import (
+    DEFAULT_WRITER,
+    node_entry_subject,
+    node_of_subject,
+    node_token,
+)
 from gpupool.events import (
     NODELESS,
     Envelope,
@@ -23,6 +28,7 @@ from gpupool.events import (
     decode_entry,
     event_node,
 )
+from gpupool.events.limits import MAX_MESSAGE, MAX_NODE_NAME
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -183,12 +189,42 @@ def check_one_node(envelopes: Sequence[Envelope]) -> None:
         )
 
 
+def subject_disagreement(subject: str, envelopes: Sequence[Envelope]) -> str | None:
+    """Why an entry's subject does not name the node of its events (None: it does).
+
+    The log's optimistic concurrency is per subject node: an event of node A stored on
+    node B's subject would move B's last sequence without B's state knowing it, and every
+    later decision for B would conflict for ever. Such an entry is not believed.
+    An entry read without its subject (a line of an export file: ``""``) is not checked.
+    """
+    if subject.count(".") < 2:
+        return None
+    subject_node = node_of_subject(subject)
+    for envelope in envelopes:
+        node = event_node(envelope.event)
+        if (subject_node or NODELESS) != node:
+            return (
+                f"subject {subject[:MAX_NODE_NAME]!r} names node "
+                f"{subject_node or '<none>'!r} but its {type(envelope.event).__name__} is for "
+                f"node {node[:MAX_NODE_NAME] or '<none>'!r}"
+            )
+    return None
+
+
 def read_entries(seq: int, subject: str, data: bytes) -> tuple[Entry, ...]:
-    """Decode the bytes of one log entry into its events; garbage becomes one :class:`Undecodable`."""
+    """Decode the bytes of one log entry into its events; garbage becomes one :class:`Undecodable`.
+
+    Garbage is anything :func:`decode_entry` refuses (too large, too deep, a field out of
+    range, an unknown version) and an entry whose subject names another node than its
+    events (:func:`subject_disagreement`).
+    """
     try:
         envelopes = decode_entry(data)
     except EventDecodeError as exc:
         return (Undecodable(seq=seq, subject=subject, data=data, error=str(exc)),)
+    disagreement = subject_disagreement(subject, envelopes)
+    if disagreement is not None:
+        return (Undecodable(seq=seq, subject=subject, data=data, error=disagreement),)
     last = len(envelopes) - 1
     return tuple(
         StoredEvent(seq=seq, subject=subject, envelope=envelope, index=index, last=index == last)
@@ -219,6 +255,8 @@ def entry_subject(
 
 
 REJECTED_PAYLOAD_LIMIT = 4096
+REJECTED_REASON_LIMIT = MAX_MESSAGE
+"""A MessageRejected keeps its reason and subject whole up to this many characters."""
 """How many characters of an undecodable payload a MessageRejected keeps."""
 
 
@@ -234,8 +272,8 @@ def rejection_envelope(entry: Undecodable, *, time: datetime) -> Envelope:
         id=rejection_id(entry.seq),
         time=time,
         event=MessageRejected(
-            subject=entry.subject,
-            reason=entry.error,
+            subject=entry.subject[:REJECTED_REASON_LIMIT],
+            reason=entry.error[:REJECTED_REASON_LIMIT],
             payload=payload,
             node=NODELESS,
             seq=entry.seq,

@@ -15,6 +15,12 @@ Log entries (``LogEntry.schema``, the same counter one level up):
 
 A log may hold entries of any known version; they are upcast on read. An
 entry with a version this code does not know fails loudly.
+
+Every entry is checked before it is believed: at most ``MAX_ENTRY_BYTES``, nested
+no deeper than msgspec's decoder goes (a deeper one is refused, not a
+RecursionError), every field of the type and in the range the model declares
+(``gpupool.events.limits``). Whatever the bytes, the decoder returns envelopes or
+raises :class:`EventDecodeError` saying why: never any other exception.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from gpupool.events.limits import MAX_ENTRY_BYTES
 from gpupool.events.model import Envelope, Event, event_node
 
 SCHEMA_VERSION = 2
@@ -46,6 +53,37 @@ class UnknownSchemaVersion(EventDecodeError):
 
 class _SchemaProbe(msgspec.Struct):
     schema: int = SCHEMA_VERSION
+
+
+class EntryTooLarge(EventDecodeError):
+    """The entry is larger than any entry gpupool writes (``MAX_ENTRY_BYTES``)."""
+
+
+class EntryTooDeep(EventDecodeError):
+    """The entry nests JSON deeper than any envelope (refused before it can exhaust the stack)."""
+
+
+_UPCAST_ERRORS = (KeyError, TypeError, ValueError, AttributeError, OverflowError)
+"""What an upcaster may raise on a malformed old entry (``float('inf')`` shares overflow)."""
+
+
+def _probe_version(data: bytes) -> int:
+    """The entry's schema version; refuses what is too large or not an object of the log."""
+    if len(data) > MAX_ENTRY_BYTES:
+        raise EntryTooLarge(
+            f"entry of {len(data)} bytes is larger than the limit of {MAX_ENTRY_BYTES} bytes"
+        )
+    version: int = _decode_bounded(_probe, data, "not a gpupool envelope").schema
+    return version
+
+
+def _decode_bounded(decoder: msgspec.json.Decoder[Any], data: bytes, what: str) -> Any:
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(f"{what}: {exc}") from exc
+    except RecursionError as exc:
+        raise EntryTooDeep(f"{what}: JSON nested deeper than the decoder reads ({exc})") from exc
 
 
 def _upcast_v1_v2(raw: RawEnvelope) -> RawEnvelope:
@@ -74,6 +112,7 @@ _encoder = msgspec.json.Encoder()
 _entry_decoder = msgspec.json.Decoder(LogEntry)
 _decoder = msgspec.json.Decoder(Envelope)
 _probe = msgspec.json.Decoder(_SchemaProbe)
+_raw_decoder: msgspec.json.Decoder[RawEnvelope] = msgspec.json.Decoder(dict[str, Any])
 
 
 def encode_envelope(envelope: Envelope) -> bytes:
@@ -82,36 +121,35 @@ def encode_envelope(envelope: Envelope) -> bytes:
 
 def decode_envelope(data: bytes) -> Envelope:
     """Decode one log entry, upcasting older schema versions; raise EventDecodeError on bad input."""
-    try:
-        version = _probe.decode(data).schema
-    except msgspec.DecodeError as exc:
-        raise EventDecodeError(f"not a gpupool envelope: {exc}") from exc
+    version = _probe_version(data)
     if version == ENTRY_SCHEMA_VERSION:
         raise EventDecodeError(
             "this is a decision entry (schema 3) holding several envelopes: read it with decode_entry"
         )
     if version == SCHEMA_VERSION:
-        try:
-            return _decoder.decode(data)
-        except msgspec.DecodeError as exc:
-            raise EventDecodeError(f"invalid envelope: {exc}") from exc
+        envelope: Envelope = _decode_bounded(_decoder, data, "invalid envelope")
+        return envelope
     if version > SCHEMA_VERSION or version not in UPCASTERS:
         raise UnknownSchemaVersion(
             f"envelope schema version {version} is unknown to this gpupool "
             f"(it reads versions {min(UPCASTERS)}..{SCHEMA_VERSION})"
         )
-    raw: RawEnvelope = msgspec.json.decode(data)
+    raw: RawEnvelope = _decode_bounded(_raw_decoder, data, f"invalid version-{version} envelope")
     try:
         while raw.get("schema", SCHEMA_VERSION) < SCHEMA_VERSION:
             raw = UPCASTERS[int(raw["schema"])](raw)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except _UPCAST_ERRORS as exc:
         raise EventDecodeError(
             f"invalid version-{version} envelope, cannot upcast it: {exc!r}"
         ) from exc
     try:
-        return _decoder.decode(_encoder.encode(raw))
-    except msgspec.DecodeError as exc:
-        raise EventDecodeError(f"invalid envelope after upcasting: {exc}") from exc
+        upcast = _encoder.encode(raw)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise EventDecodeError(f"invalid envelope after upcasting: {exc!r}") from exc
+    upcast_envelope: Envelope = _decode_bounded(
+        _decoder, upcast, "invalid envelope after upcasting"
+    )
+    return upcast_envelope
 
 
 def encode_entry(envelopes: tuple[Envelope, ...] | list[Envelope]) -> bytes:
@@ -128,16 +166,10 @@ def encode_entry(envelopes: tuple[Envelope, ...] | list[Envelope]) -> bytes:
 
 def decode_entry(data: bytes) -> tuple[Envelope, ...]:
     """The envelopes of one log entry of any version; EventDecodeError on bad input."""
-    try:
-        version = _probe.decode(data).schema
-    except msgspec.DecodeError as exc:
-        raise EventDecodeError(f"not a gpupool envelope: {exc}") from exc
+    version = _probe_version(data)
     if version != ENTRY_SCHEMA_VERSION:
         return (decode_envelope(data),)
-    try:
-        entry = _entry_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise EventDecodeError(f"invalid decision entry: {exc}") from exc
+    entry: LogEntry = _decode_bounded(_entry_decoder, data, "invalid decision entry")
     if not entry.envelopes:
         raise EventDecodeError("invalid decision entry: it holds no envelope")
     for envelope in entry.envelopes:
@@ -159,7 +191,10 @@ def event_json_schema() -> dict[str, Any]:
 
 def decode_event(data: bytes) -> Event:
     """Decode a bare event (no envelope), as the golden samples are written."""
-    try:
-        return msgspec.json.decode(data, type=Event)
-    except msgspec.DecodeError as exc:
-        raise EventDecodeError(str(exc)) from exc
+    if len(data) > MAX_ENTRY_BYTES:
+        raise EntryTooLarge(f"event of {len(data)} bytes is larger than {MAX_ENTRY_BYTES} bytes")
+    event: Event = _decode_bounded(_event_decoder, data, "invalid event")
+    return event
+
+
+_event_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)

@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+
+from gpupool.events.limits import (
+    MAX_GPUS_PER_NODE,
+    DurationMinutes,
+    ExitCode,
+    GpuCount,
+    GpuIndex,
+    GraceSeconds,
+    Id,
+    MemoryMiB,
+    Message,
+    Namespace,
+    NodeName,
+    Percent,
+    PeriodSeconds,
+    PodName,
+    Priority,
+    Sequence,
+    Subject,
+    Text,
+)
 
 Policy = Literal["share-pool", "static"]
 """The GPU-share model of a node or pod (``none`` disables a node: see NodeDisabled)."""
@@ -24,8 +45,8 @@ NODELESS = ""
 class PodRef(msgspec.Struct, frozen=True, kw_only=True, order=True):
     """A pod, by namespace and name."""
 
-    namespace: str
-    name: str
+    namespace: Namespace
+    name: PodName
 
     @property
     def key(self) -> str:
@@ -38,17 +59,17 @@ class PodRef(msgspec.Struct, frozen=True, kw_only=True, order=True):
 class Share(msgspec.Struct, frozen=True, kw_only=True):
     """Percentages of one GPU: ``alibabacloud.com/gpu-core.percentage`` and ``gpu-memory.percentage``."""
 
-    core: int
-    memory: int
+    core: Percent
+    memory: Percent
 
 
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     """One GPU of a node, as the node-executor discovered it (index and UUID are the node's real ones)."""
 
-    index: int
-    uuid: str
-    memory_mib: int
-    name: str = ""
+    index: GpuIndex
+    uuid: Text
+    memory_mib: MemoryMiB
+    name: Text = ""
 
 
 class QosConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,11 +80,11 @@ class QosConfig(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     preempt_enabled: bool = False
-    pod_max_duration_minutes: int | None = None
-    reserved_ephemeral_storage: str | None = None
+    pod_max_duration_minutes: DurationMinutes | None = None
+    reserved_ephemeral_storage: Text | None = None
     backfill: bool = False
-    preempt_grace_seconds: int = 10
-    waiting_message_period_seconds: int = 10
+    preempt_grace_seconds: GraceSeconds = 10
+    waiting_message_period_seconds: PeriodSeconds = 10
 
 
 # --------------------------------------------------------------------------- node facts
@@ -72,32 +93,32 @@ class QosConfig(msgspec.Struct, frozen=True, kw_only=True):
 class NodeConfigured(msgspec.Struct, frozen=True, kw_only=True, tag="NodeConfigured"):
     """The policy service enabled (or re-configured) a node for GPU sharing."""
 
-    node: str
+    node: NodeName
     policy: Policy
     qos: QosConfig = QosConfig()
-    gpu_count: int = 0
+    gpu_count: GpuCount = 0
     """GPUs the node advertises (``nvidia.com/gpu``); allocatable until the inventory is reported."""
 
 
 class NodeDisabled(msgspec.Struct, frozen=True, kw_only=True, tag="NodeDisabled"):
     """The node's policy became ``none`` (or its label was removed)."""
 
-    node: str
+    node: NodeName
 
 
 class NodeRejected(msgspec.Struct, frozen=True, kw_only=True, tag="NodeRejected"):
     """A node configuration was refused; ``reason`` is machine-readable, ``message`` for people."""
 
-    node: str
-    reason: str
-    message: str
+    node: NodeName
+    reason: Text
+    message: Message
 
 
 class GpuInventoryReported(msgspec.Struct, frozen=True, kw_only=True, tag="GpuInventoryReported"):
     """The node-executor's view of the node's GPUs; ``source`` says whether they are real."""
 
-    node: str
-    gpus: tuple[GpuInfo, ...]
+    node: NodeName
+    gpus: Annotated[tuple[GpuInfo, ...], msgspec.Meta(max_length=MAX_GPUS_PER_NODE)]
     source: InventorySource
 
 
@@ -108,37 +129,37 @@ class PodRegistered(msgspec.Struct, frozen=True, kw_only=True, tag="PodRegistere
     """A valid GPU-sharing pod was admitted to its node; it starts dormant."""
 
     pod: PodRef
-    node: str
+    node: NodeName
     policy: Policy
     requests: Share
     limits: Share
-    priority: int = 0
-    uid: str = ""
+    priority: Priority = 0
+    uid: Text = ""
 
 
 class PodRejected(msgspec.Struct, frozen=True, kw_only=True, tag="PodRejected"):
     """A pod spec, or a request made for a pod, was refused."""
 
     pod: PodRef
-    node: str
-    reason: str
-    message: str
+    node: NodeName
+    reason: Text
+    message: Message
 
 
 class PodReady(msgspec.Struct, frozen=True, kw_only=True, tag="PodReady"):
     """The pod tried to use a GPU: it joins the node's ready queue."""
 
     pod: PodRef
-    node: str
+    node: NodeName
 
 
 class Assigned(msgspec.Struct, frozen=True, kw_only=True, tag="Assigned"):
     """The pod was given a slot on one GPU: it is running."""
 
     pod: PodRef
-    node: str
-    gpu_index: int
-    gpu_uuid: str
+    node: NodeName
+    gpu_index: GpuIndex
+    gpu_uuid: Text
 
 
 class Preempted(msgspec.Struct, frozen=True, kw_only=True, tag="Preempted"):
@@ -149,9 +170,9 @@ class Preempted(msgspec.Struct, frozen=True, kw_only=True, tag="Preempted"):
 
     victim: PodRef
     preemptor: PodRef
-    node: str
-    gpu_index: int
-    gpu_uuid: str
+    node: NodeName
+    gpu_index: GpuIndex
+    gpu_uuid: Text
     reason: PreemptReason
 
 
@@ -159,11 +180,11 @@ class Released(msgspec.Struct, frozen=True, kw_only=True, tag="Released"):
     """The pod left its GPU (or, with ``gpu_index`` None, left the ready queue) and is dormant."""
 
     pod: PodRef
-    node: str
+    node: NodeName
     reason: ReleaseReason
-    gpu_index: int | None = None
-    gpu_uuid: str = ""
-    exit_code: int | None = None
+    gpu_index: GpuIndex | None = None
+    gpu_uuid: Text = ""
+    exit_code: ExitCode | None = None
 
 
 class PodRemoved(msgspec.Struct, frozen=True, kw_only=True, tag="PodRemoved"):
@@ -175,7 +196,7 @@ class PodRemoved(msgspec.Struct, frozen=True, kw_only=True, tag="PodRemoved"):
     """
 
     pod: PodRef
-    node: str
+    node: NodeName
 
 
 # --------------------------------------------------------------------------- bad input
@@ -184,11 +205,11 @@ class PodRemoved(msgspec.Struct, frozen=True, kw_only=True, tag="PodRemoved"):
 class MessageRejected(msgspec.Struct, frozen=True, kw_only=True, tag="MessageRejected"):
     """A message on an event subject that could not be read; set aside with the reason."""
 
-    subject: str
-    reason: str
-    payload: str
-    node: str = NODELESS
-    seq: int = 0
+    subject: Subject
+    reason: Message
+    payload: Message
+    node: NodeName = NODELESS
+    seq: Sequence = 0
     """The log sequence of the entry set aside (0: not known, as in logs before it was kept)."""
 
 
@@ -226,11 +247,11 @@ ALL_EVENT_TYPES: tuple[type[Event], ...] = (
 class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     """One entry of the log: the event and where it came from."""
 
-    id: str
+    id: Id
     time: datetime
     event: Event
-    correlation_id: str = ""
-    causation_id: str = ""
+    correlation_id: Id = ""
+    causation_id: Id = ""
     schema: int = 2
 
 

@@ -32,8 +32,19 @@ from gpupool.eventlog.port import (
     rejection_envelope,
 )
 from gpupool.eventlog.subjects import node_of_subject
-from gpupool.events import Envelope, Event, event_node
-from gpupool.runtime.projection import Projection
+from gpupool.events import Envelope, Event, encode_envelope, event_node
+from gpupool.runtime.projection import Projection, Refused
+
+
+def refusal_entry(subject: str, refused: Refused) -> Undecodable:
+    """A refused envelope, set aside as an unreadable entry is (MessageRejected with the reason)."""
+    return Undecodable(
+        seq=refused.seq,
+        subject=subject,
+        data=encode_envelope(refused.envelope),
+        error=refused.reason,
+    )
+
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +81,8 @@ class DeciderLoop:
         self.failure: BaseException | None = None
         self._caught_up: set[tuple[int, int]] = set()
         """(sequence, index) of others' events folded by a catch-up, not yet reacted to."""
+        self._refusals: list[Undecodable] = []
+        """Envelopes the projection refused (admission_check), to record as MessageRejected."""
         self.consume_from = self.projection.last_seq + 1
         """Where the durable starts: after the rebuild (catch-ups and own appends beyond it
         are delivered, and reacted to only if a catch-up folded them)."""
@@ -108,15 +121,26 @@ class DeciderLoop:
         for entry in unreadable:
             if not self._rejection_recorded(entry.seq):
                 await self._set_aside(entry)
+        await self._record_refusals()
         return folded
 
     def fold(self, entry: Entry) -> bool:
         """Fold one entry (one event of an entry) unless it was folded before."""
         if isinstance(entry, StoredEvent):
-            return self.projection.apply(
+            new = self.projection.apply(
                 entry.seq, entry.envelope, index=entry.index, last=entry.last
             )
+            for refused in self.projection.take_refused():
+                self._refusals.append(refusal_entry(entry.subject, refused))
+            return new
         return self.projection.skip(entry.seq, node_of_subject(entry.subject))
+
+    async def _record_refusals(self) -> None:
+        """Set aside what the projection refused, once per entry (after folding to the end)."""
+        refusals, self._refusals = self._refusals, []
+        for entry in refusals:
+            if not self._rejection_recorded(entry.seq):
+                await self._set_aside(entry)
 
     def _rejection_recorded(self, seq: int) -> bool:
         return seq in self.projection.state.rejected_sequences
@@ -210,6 +234,7 @@ class DeciderLoop:
         for garbage in unreadable:
             if not self._rejection_recorded(garbage.seq):
                 await self._set_aside(garbage)
+        await self._record_refusals()
 
     async def consume(self, durable: str, react: Reaction) -> None:
         """Fold live entries and react to each event; ack after the reaction committed.
@@ -238,6 +263,9 @@ class DeciderLoop:
         # made from the state, so such a skipped reaction loses nothing), or folded
         # by a catch-up after a conflict (nothing reacted).
         new = self.fold(entry)
+        if self._refusals:  # not believed (admission_check): recorded, not reacted to
+            await self._catch_up()
+            return False
         if isinstance(entry, Undecodable):
             if new:
                 # a rejection may already lie further on in the log: look before writing one

@@ -19,10 +19,12 @@ the metrics expose. ``to_snapshot``/``from_snapshot`` persist and resume all of 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpupool.core import State, evolve
+from gpupool.core.admission_check import EnvelopeIds, admission_problem
 from gpupool.events import Envelope, event_node
 from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
@@ -33,6 +35,19 @@ from gpupool.runtime.snapshot import (
 from gpupool.runtime.statistics import LogStatistics
 
 Observer = Callable[[State, Envelope, int], None]
+
+MAX_PENDING_REFUSALS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An envelope the projection did not apply, and why (``admission_check``)."""
+
+    seq: int
+    envelope: Envelope
+    reason: str
+
+
 """Called before an envelope is folded: (state before, envelope, stream sequence)."""
 
 
@@ -50,6 +65,13 @@ class Projection:
     open_entry: tuple[int, int] | None = None
     """A decision entry folded in part: (its sequence, the index of its next envelope)."""
 
+    envelope_ids: EnvelopeIds = field(default_factory=EnvelopeIds)
+    """The last envelope ids applied: a replay of one is refused (``admission_check``)."""
+    refused: deque[Refused] = field(default_factory=lambda: deque(maxlen=MAX_PENDING_REFUSALS))
+    """Envelopes not applied since the owner last took them (``take_refused``): see
+    ``gpupool.core.admission_check``. They still count as applied (their sequence is passed).
+    A reader that never takes them keeps only the last MAX_PENDING_REFUSALS."""
+
     def applied(self, seq: int, index: int = 0) -> bool:
         if seq <= self.last_seq or seq in self.ahead:
             return True
@@ -66,11 +88,18 @@ class Projection:
         """
         if self.applied(seq, index):
             return False
-        if self.statistics is not None:
-            self.statistics.observe(self.state, envelope, seq)
-        for observer in self.observers:
-            observer(self.state, envelope, seq)
-        evolve(self.state, envelope)
+        problem = admission_problem(
+            self.state, envelope, self.envelope_ids
+        )  # believed if admissible
+        if problem is not None:
+            self.refused.append(Refused(seq=seq, envelope=envelope, reason=problem))
+        else:
+            if self.statistics is not None:
+                self.statistics.observe(self.state, envelope, seq)
+            for observer in self.observers:
+                observer(self.state, envelope, seq)
+            evolve(self.state, envelope)
+            self.envelope_ids.add(envelope.id)
         if last:
             self.open_entry = None
             self._mark(seq, event_node(envelope.event))
@@ -85,6 +114,12 @@ class Projection:
         for index, envelope in enumerate(envelopes):
             new = self.apply(seq, envelope, index=index, last=index == last) or new
         return new
+
+    def take_refused(self) -> list[Refused]:
+        """The envelopes refused since the last call (for the owner to record)."""
+        refused = list(self.refused)
+        self.refused.clear()
+        return refused
 
     def skip(self, seq: int, node: str | None) -> bool:
         """Account for an entry that could not be decoded (it still occupies its sequence).
@@ -124,6 +159,7 @@ class Projection:
             open_entry=self.open_entry,
             state=state_record(self.state),
             statistics=None if self.statistics is None else self.statistics.copy(),
+            applied_ids=self.envelope_ids.to_list(),
         )
 
     @classmethod
@@ -137,6 +173,7 @@ class Projection:
             ahead=set(snapshot.ahead),
             open_entry=snapshot.open_entry,
             statistics=None if snapshot.statistics is None else snapshot.statistics.copy(),
+            envelope_ids=EnvelopeIds(snapshot.applied_ids),
         )
 
 

@@ -90,6 +90,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     statistics: LogStatistics | None = None
     open_entry: tuple[int, int] | None = None
     """A decision entry folded in part when the snapshot was taken (see ``Projection``)."""
+    applied_ids: list[str] = []
+    """The last envelope ids applied, oldest first (``Projection.envelope_ids``: replays);
+    empty in snapshots written before it."""
 
 
 class _FormatProbe(msgspec.Struct):

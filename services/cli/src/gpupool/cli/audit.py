@@ -17,6 +17,7 @@ from gpupool.audit.describe import share_text
 from gpupool.audit.state import node_usage as _usage
 from gpupool.cli.times import format_duration
 from gpupool.core import NodeState, PodState, State, gpu_usage, queue_positions, ready_queue
+from gpupool.core.admission_check import REPLAYED
 from gpupool.core.placement import allocated_requests, fits, reservation_gpu
 from gpupool.core.state import GPU_PERCENT
 from gpupool.core.verification import RULES as LIVENESS_RULES
@@ -32,6 +33,7 @@ from gpupool.events import (
     Preempted,
     Released,
     Share,
+    event_pod,
     event_tag,
 )
 from gpupool.runtime.projection import Projection
@@ -49,6 +51,13 @@ class Violation(msgspec.Struct, frozen=True, kw_only=True):
     message: str
 
 
+class SetAside(msgspec.Struct, frozen=True, kw_only=True):
+    """An entry the services do not fold: unreadable, or not believed (admission_check)."""
+
+    seq: int
+    reason: str
+
+
 class VerifyReport(msgspec.Struct, kw_only=True):
     entries: int = 0
     undecodable: int = 0
@@ -58,6 +67,8 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     preemptions: int = 0
     releases: int = 0
     violations: list[Violation] = []
+    set_aside: list[SetAside] = []
+    """Every entry not folded, with why (the services record each as a MessageRejected)."""
 
     @property
     def ok(self) -> bool:
@@ -73,6 +84,7 @@ INVARIANTS = (
     "every Preempted is followed by its victim's release; no release as preempted without one",
     "no pod is preempted for a pod of lower priority",
     "the requests of a node's pods stay within its allocatable",
+    "no envelope is applied twice (an entry appended again under a new message id)",
     *LIVENESS_RULES,
 )
 """What ``verify`` checks, in the words its summary uses."""
@@ -307,10 +319,17 @@ def verify(entries: Sequence[Entry]) -> VerifyReport:
         report.entries += 1
         if isinstance(entry, Undecodable):
             report.undecodable += 1
+            report.set_aside.append(SetAside(seq=entry.seq, reason=entry.error))
             verifier.projection.skip(entry.seq, None)
             continue
         verifier.check(entry)
         verifier.projection.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
+        for refused in verifier.projection.take_refused():
+            report.set_aside.append(SetAside(seq=refused.seq, reason=refused.reason))
+            # the other refusals (admission_check) break an invariant checked above already
+            if refused.reason.startswith(REPLAYED):
+                pod = event_pod(refused.envelope.event)
+                verifier.violation(entry, "" if pod is None else str(pod), refused.reason)
         if isinstance(entry.envelope.event, PodRegistered):
             pods.add(entry.envelope.event.pod)
         last = entry

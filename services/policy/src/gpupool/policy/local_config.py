@@ -27,15 +27,40 @@ class ConfigError(ValueError):
     pass
 
 
+MAX_CLUSTER_FILE_BYTES = 16 * 1024 * 1024
+"""The largest cluster file read (a 16-GPU node with its pods takes a few kilobytes)."""
+
+
 def load_local_cluster(path: Path) -> LocalCluster:
+    """The cluster file's nodes and pods; any other content is a :class:`ConfigError` saying why.
+
+    The file is bounded in size and nesting (a RecursionError of the YAML parser, or of
+    a self-referencing alias, is a ConfigError too); names and numbers are checked when
+    the policy service decides on them (``gpupool.core.input_bounds``).
+    """
     try:
+        size = path.stat().st_size
+        if size > MAX_CLUSTER_FILE_BYTES:
+            raise ConfigError(
+                f"{path}: the cluster file is {size} bytes; at most {MAX_CLUSTER_FILE_BYTES} are read"
+            )
         raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the cluster file: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: the cluster file nests deeper than it can: {exc}") from exc
     try:
         return msgspec.convert(raw, LocalCluster)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+    except UnicodeError as exc:  # YAML lets lone surrogates through ("\ud800")
+        raise ConfigError(
+            f"{path}: the cluster file holds text that is not Unicode: {exc}"
+        ) from exc
+    except RecursionError as exc:
+        raise ConfigError(
+            f"{path}: the cluster file refers to itself (a YAML alias cycle)"
+        ) from exc
 
 
 def node_commands(cluster: LocalCluster) -> list[ConfigureNode]:

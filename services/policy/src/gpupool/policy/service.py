@@ -28,7 +28,9 @@ from gpupool.core import (
     RegisterPod,
     RemovePod,
     State,
+    decide,
 )
+from gpupool.core.input_bounds import command_node_or_nodeless
 from gpupool.core.simulation import pod_manifest
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import Envelope, Event, NodeRejected, PodRef, PodRejected, Preempted, Released
@@ -41,6 +43,7 @@ from gpupool.policy.local_config import (
     node_commands,
     pod_commands,
 )
+from gpupool.policy.rejections import RecordedRejections
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.projection import Projection
 
@@ -56,10 +59,11 @@ CLUSTER_FILE_CHECK_S = 1.0
 
 
 def command_node(command: Command) -> str:
+    """The node the command's events are recorded on (none for a name no node can have)."""
     if isinstance(command, RegisterPod):
-        return command.manifest.node
+        return command_node_or_nodeless(command.manifest.node)
     if isinstance(command, ConfigureNode | RemovePod | ReconcilePods):
-        return command.node
+        return command_node_or_nodeless(command.node)
     raise TypeError(f"the policy service does not send {type(command).__name__}")
 
 
@@ -79,6 +83,7 @@ class PolicyService:
         self._loop: DeciderLoop | None = None
         self.controllers: KubernetesControllers | None = None
         self._recent_preemptions: deque[Envelope] = deque(maxlen=RECENT_PREEMPTIONS)
+        self.rejections = RecordedRejections()
 
     def projection(self) -> Projection:
         """The projection to rebuild into: it remembers recent preemptions to re-record."""
@@ -87,9 +92,16 @@ class PolicyService:
     def _observe(self, _: State, envelope: Envelope, __: int) -> None:
         if isinstance(envelope.event, Preempted):
             self._recent_preemptions.append(envelope)
+        self.rejections.observe(envelope)
 
     async def submit(self, command: Command) -> list[Event]:
         assert self._loop is not None
+        if isinstance(command, RegisterPod | ConfigureNode):
+            # a pod or node the log already holds the same rejection for: not recorded again
+            # (every start submits the whole cluster again)
+            planned = decide(self._loop.projection.state, command, self._loop.clock())
+            if self.rejections.already_recorded(planned):
+                return planned
         events = await self._loop.execute(command, node=command_node(command))
         for event in events:
             if isinstance(event, PodRejected | NodeRejected):

@@ -43,6 +43,7 @@ def render(report: VerifyReport) -> list[str]:
         lines.extend(f"  checked: {invariant}" for invariant in INVARIANTS)
     else:
         lines.append(f"verify: FAILED, {_count(len(report.violations), 'violation')}; {counts}")
+    lines.extend(f"  set aside #{entry.seq}: {entry.reason[:300]}" for entry in report.set_aside)
     return lines
 
 

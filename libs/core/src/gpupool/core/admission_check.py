@@ -1,0 +1,151 @@
+"""Every logged event is checked against the state before it is folded (pure, deterministic).
+
+An entry that decodes is not yet believed: a fuzzer's valid ``Assigned`` for a pod
+nobody registered, a GPU index beyond the node's inventory, or an old ``Released``
+appended again under a new message id (past JetStream's duplicate window) would
+otherwise be applied — the last one ends a running job. :func:`admission_problem`
+says why an envelope cannot be applied to the state; the projection then folds
+nothing of it and the service records it as a MessageRejected with that reason.
+
+The rules are what the services never write in correct operation (``gpupool verify``
+flags each as a violation), so a log the services wrote folds exactly as before:
+
+* **replays**: an envelope id applied before (the last :data:`MAX_REMEMBERED_IDS`
+  ids are kept in :class:`EnvelopeIds`, which the projection owns and snapshots;
+  not in the State, which ``decide`` copies; replays of older entries meet the
+  per-pod rules below);
+* **PodRegistered** for a pod already registered (it would reset a pod holding a GPU);
+* **PodReady** for a pod not registered, or not dormant;
+* **Assigned** for a pod not registered, registered on another node, not waiting
+  (a share-pool pod must be ready; a static pod must hold no other GPU), or on a GPU
+  the node does not have (its inventory, or before one its advertised count);
+* **Preempted** of a victim not running on that GPU, or for a preemptor not registered;
+* **Released** of a pod not registered, of a GPU the pod does not hold, or out of a
+  queue the pod is not in.
+
+The fold stays deterministic: the decision depends only on the state and the envelope.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from gpupool.core.state import NodeState, State
+from gpupool.events import (
+    Assigned,
+    Envelope,
+    MessageRejected,
+    PodReady,
+    PodRegistered,
+    Preempted,
+    Released,
+)
+
+MAX_REMEMBERED_IDS = 50_000
+"""Envelope ids remembered to recognise a replay (about 2 MB of state)."""
+
+REPLAYED = "ReplayedEnvelope"
+UNKNOWN_POD = "UnknownPod"
+UNKNOWN_GPU = "UnknownGpu"
+OUT_OF_ORDER = "EventOutOfOrder"
+
+
+class EnvelopeIds(OrderedDict[str, None]):
+    """The ids of the last ``limit`` envelopes applied, oldest first (a bounded FIFO set)."""
+
+    def __init__(self, ids: Iterable[str] = (), *, limit: int = MAX_REMEMBERED_IDS) -> None:
+        super().__init__()
+        self.limit = limit
+        for envelope_id in ids:
+            self.add(envelope_id)
+
+    def add(self, envelope_id: str) -> None:
+        self[envelope_id] = None
+        if len(self) > self.limit:
+            self.popitem(last=False)
+
+    def to_list(self) -> list[str]:
+        return list(self)
+
+
+def admission_problem(
+    state: State, envelope: Envelope, applied: EnvelopeIds | None = None
+) -> str | None:
+    """``"<Reason>: <message>"`` if the envelope must not be applied to ``state``; None if it may.
+
+    ``applied``: the ids applied so far (None: replays are not looked for)."""
+    event = envelope.event
+    if isinstance(event, MessageRejected):
+        return None  # folded idempotently by its sequence; never refused
+    if applied is not None and envelope.id in applied:
+        return f"{REPLAYED}: envelope {envelope.id} was applied before (a replay of it)"
+    match event:
+        case PodRegistered():
+            existing = state.pods.get(event.pod)
+            if existing is not None:  # would reset a pod that may hold a GPU
+                return f"{OUT_OF_ORDER}: {event.pod} is already registered on {existing.node}"
+        case PodReady():
+            pod = state.pods.get(event.pod)
+            if pod is None:
+                return f"{UNKNOWN_POD}: {event.pod} is not registered"
+            if pod.phase != "dormant":
+                return f"{OUT_OF_ORDER}: {event.pod} became ready while {pod.phase}"
+        case Assigned():
+            pod = state.pods.get(event.pod)
+            if pod is None:
+                return f"{UNKNOWN_POD}: {event.pod} is not registered"
+            if pod.node != event.node:
+                return f"{UNKNOWN_POD}: {event.pod} is registered on {pod.node}, not {event.node}"
+            node = state.nodes.get(event.node)
+            if node is None or not _has_gpu(node, event.gpu_index):
+                return f"{UNKNOWN_GPU}: node {event.node} has no GPU {event.gpu_index}"
+            if pod.policy == "static":
+                if pod.gpu_index not in (None, event.gpu_index) or pod.phase == "running":
+                    return (
+                        f"{OUT_OF_ORDER}: static pod {event.pod} is {pod.phase} on GPU "
+                        f"{pod.gpu_index}; assigned GPU {event.gpu_index}"
+                    )
+            elif pod.phase != "ready":
+                return f"{OUT_OF_ORDER}: {event.pod} was assigned while {pod.phase}, not ready"
+        case Preempted():
+            victim = state.pods.get(event.victim)
+            if victim is None:
+                return f"{UNKNOWN_POD}: victim {event.victim} is not registered"
+            if victim.phase != "running" or victim.gpu_index != event.gpu_index:
+                return (
+                    f"{OUT_OF_ORDER}: victim {event.victim} is {victim.phase}, not running on "
+                    f"GPU {event.gpu_index}"
+                )
+            if event.preemptor not in state.pods:
+                return f"{UNKNOWN_POD}: preemptor {event.preemptor} is not registered"
+        case Released():
+            pod = state.pods.get(event.pod)
+            if pod is None:
+                return f"{UNKNOWN_POD}: {event.pod} is not registered"
+            if event.gpu_index is None:
+                if pod.phase != "ready":
+                    return f"{OUT_OF_ORDER}: {event.pod} left the queue while {pod.phase}"
+            elif pod.gpu_index != event.gpu_index:
+                held = "no GPU" if pod.gpu_index is None else f"GPU {pod.gpu_index}"
+                return (
+                    f"{OUT_OF_ORDER}: {event.pod} released GPU {event.gpu_index} but holds {held}"
+                )
+            elif pod.phase != "running" and not (
+                pod.policy == "static" and event.reason == "gpu-vanished"
+            ):
+                return (
+                    f"{OUT_OF_ORDER}: {event.pod} released GPU {event.gpu_index} while {pod.phase}"
+                )
+        case _:
+            pass
+    return None
+
+
+def _has_gpu(node: NodeState, index: int) -> bool:
+    gpus = node.gpus
+    if gpus:
+        if index < len(gpus) and gpus[index].index == index:  # inventories list 0..n-1
+            return True
+        return any(gpu.index == index for gpu in gpus)
+    return 0 <= index < node.gpu_count
