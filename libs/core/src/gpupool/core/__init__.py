@@ -16,7 +16,7 @@ from gpupool.core.decide import (
     decide,
     schedule,
 )
-from gpupool.core.evolve import evolve, fold
+from gpupool.core.evolve import assignment_holds, evolve, fold
 from gpupool.core.placement import (
     STATUS_DORMANT,
     STATUS_READY,
@@ -67,6 +67,7 @@ __all__ = [
     "Schedule",
     "State",
     "apply",
+    "assignment_holds",
     "choose_gpu",
     "decide",
     "evolve",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpupool.core.state import PodState, State
+from gpupool.core.state import GPU_PERCENT, PodState, State
 from gpupool.events import (
     Assigned,
     Envelope,
@@ -35,7 +35,7 @@ def evolve(state: State, envelope: Envelope) -> State:
                 pod.ready_order = node.ready_counter
         case Assigned():
             pod = state.pods.get(event.pod)
-            if pod is not None:
+            if pod is not None and assignment_holds(state, event):
                 pod.phase = "running"
                 pod.gpu_index = event.gpu_index
                 pod.gpu_uuid = event.gpu_uuid
@@ -99,6 +99,45 @@ def evolve(state: State, envelope: Envelope) -> State:
             if seq:
                 state.rejected_sequences.add(seq)
     return state
+
+
+def assignment_holds(state: State, event: Assigned) -> bool:
+    """Whether an Assigned takes effect when folded onto ``state`` (else it is a no-op).
+
+    A share-pool Assigned is decided with an expectation that covers only the other
+    claims on the node's GPUs (docs/eventlog.md), so it may reach the log after an
+    entry it did not see: the pod cancelled, was deleted (or deleted and registered
+    again), or its GPU vanished. Such an Assigned claims nothing: it holds only for a
+    pod still waiting, on a GPU of the node's inventory (same index and UUID), where
+    its limits fit beside the pods running there. The rule reads only the state the
+    log folded to, so every replica folds the same log to the same state.
+    Static bindings are decided under the node-wide expectation and always hold.
+    """
+    pod = state.pods.get(event.pod)
+    if pod is None:
+        return False
+    if pod.policy != "share-pool":
+        return True
+    if pod.phase != "ready" or pod.removed or pod.node != event.node:
+        return False
+    node = state.nodes.get(pod.node)
+    if node is None or not any(
+        gpu.index == event.gpu_index and gpu.uuid == event.gpu_uuid for gpu in node.gpus
+    ):
+        return False
+    core = pod.limits.core
+    memory = pod.limits.memory
+    pods = state.pods
+    for ref in node.pods:
+        other = pods[ref]
+        if (
+            other.phase == "running"
+            and other.gpu_index == event.gpu_index
+            and other.policy == "share-pool"
+        ):
+            core += other.limits.core
+            memory += other.limits.memory
+    return core <= GPU_PERCENT and memory <= GPU_PERCENT
 
 
 REJECTION_ID_PREFIX = "rejected-"

@@ -47,6 +47,7 @@ from gpupool.eventlog.subjects import (
     node_subject_filter,
     subject_for,
     subject_matches,
+    writer_subject_filter,
     writer_token,
 )
 from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
@@ -79,7 +80,11 @@ REPLAY_BUFFER = 4096
 REQUEST_TIMEOUT_S = 5.0
 APPEND_RETRY_FOR_S = 30.0
 CONFLICT_SCAN_LIMIT = 64
-"""On a conflict, how many of the node's newer entries are searched for the envelope's own id."""
+"""On a conflict after a retried publish, how many of the node's newer entries are searched
+for the envelope's own id."""
+REMEMBERED_APPENDS = 4096
+"""How many of its latest appends (id -> sequence) a connection remembers, to answer a second
+append of one of them without asking the server."""
 
 ERR_WRONG_LAST_SEQUENCE = 10071
 ERR_STREAM_NAME_IN_USE = 10058
@@ -127,6 +132,7 @@ class JetStreamEventLog:
         self._closed = False
         self._subscriptions: set[JetStreamSubscription] = set()
         self._replays: dict[asyncio.Queue[Msg | None], NatsSubscription] = {}
+        self._appended: dict[str, int] = {}
 
     @classmethod
     async def connect(
@@ -191,30 +197,50 @@ class JetStreamEventLog:
         return await self.append_decision([envelope], expected_node_seq=expected_node_seq)
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
-        """One publish: a decision is one stream message, so it lands whole or not at all."""
+        """One publish: a decision is one stream message, so it lands whole or not at all.
+
+        With ``expected_writer`` the expectation covers only the node's entries on
+        ``<prefix>.<node>.<expected_writer>`` instead of all of the node's entries.
+        """
         self._check_open()
         if not envelopes:
             raise ValueError("a decision holds at least one envelope")
         envelope = envelopes[0]
         node = event_node(envelope.event)
         headers = {H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream}
-        node_filter = node_subject_filter(node, prefix=self.subject_prefix)
+        if expected_writer is None:
+            expectation = node_subject_filter(node, prefix=self.subject_prefix)
+        else:
+            expectation = writer_subject_filter(expected_writer, node, prefix=self.subject_prefix)
         if expected_node_seq is not None:
             headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_node_seq)
-            headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = node_filter
+            headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = expectation
         subject = entry_subject(envelopes, prefix=self.subject_prefix, writer=self.writer)
         data = encode_envelope(envelope) if len(envelopes) == 1 else encode_entry(list(envelopes))
+        retried: list[int] = []
         try:
-            ack = await self._publish(subject, data, headers)
+            ack = await self._publish(subject, data, headers, retried=retried)
         except nats.js.errors.APIError as exc:
             if exc.err_code != ERR_WRONG_LAST_SEQUENCE or expected_node_seq is None:
                 raise
             # The server checks expectations before duplicates: a retry of an append
             # that did land, or a second append of the same envelope, looks like a
-            # conflict. Find our own id among the node's newer entries first.
-            own = await self._find_by_id(node_filter, after=expected_node_seq, msg_id=envelope.id)
+            # conflict. An envelope this connection appended is remembered; only a
+            # publish that was retried (its first ack may be lost) needs a look at the
+            # node's newer entries. A plain conflict costs nothing more.
+            own = self._appended.get(envelope.id)
+            if own is None and retried:
+                own = await self._find_by_id(
+                    node_subject_filter(node, prefix=self.subject_prefix),
+                    after=expected_node_seq,
+                    msg_id=envelope.id,
+                )
             if own is not None:
                 return own
             match = _LAST_SEQUENCE.search(exc.description or "")
@@ -222,7 +248,14 @@ class JetStreamEventLog:
             raise ConcurrencyConflict(
                 node=node, expected=expected_node_seq, actual=actual
             ) from None
+        self._remember(envelope.id, ack.seq)
         return ack.seq
+
+    def _remember(self, envelope_id: str, seq: int) -> None:
+        """Keep the ids of the latest appends of this connection (see ``append_decision``)."""
+        self._appended[envelope_id] = seq
+        if len(self._appended) > REMEMBERED_APPENDS:
+            del self._appended[next(iter(self._appended))]
 
     async def append_many(
         self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
@@ -293,7 +326,15 @@ class JetStreamEventLog:
         ack = await self._publish(subject, data, {H_EXPECTED_STREAM: self.stream})
         return ack.seq
 
-    async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> api.PubAck:
+    async def _publish(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str],
+        *,
+        retried: list[int] | None = None,
+    ) -> api.PubAck:
+        """Publish, retrying what may not have reached the server; each retry is noted in ``retried``."""
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + APPEND_RETRY_FOR_S
         delay = 0.05
@@ -303,6 +344,8 @@ class JetStreamEventLog:
             except _RETRYABLE as exc:
                 if self._closed or self._nc.is_closed or loop.time() + delay > give_up_at:
                     raise
+                if retried is not None:
+                    retried.append(1)
                 logger.warning("append to %s: %r; retrying in %.2fs", subject, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)

@@ -113,6 +113,9 @@ class Subscription(Protocol):
 class EventLog(Protocol):
     """The append-only log of gpupool: ordered, replayable, deduplicated by envelope id."""
 
+    writer: str
+    """The writer token of the subjects this log appends on (``<prefix>.<node>.<writer>``)."""
+
     async def append(self, envelope: Envelope, *, expected_node_seq: int | None = None) -> int:
         """Append one envelope and return its stream sequence.
 
@@ -124,13 +127,20 @@ class EventLog(Protocol):
         ...
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
         """Append the envelopes of one decision as ONE entry (all or nothing); return its sequence.
 
         All envelopes must be for one node. One envelope is written as a plain
         envelope entry, several as a decision entry (docs/eventlog.md). The entry is
         deduplicated by the first envelope's id; ``expected_node_seq`` as for ``append``.
+        With ``expected_writer`` the expectation is narrowed to the node's entries by
+        that writer (``<prefix>.<node>.<writer>``): ``expected_node_seq`` is then the
+        last sequence on that subject (0: none yet).
         """
         ...
 

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
-from gpupool.core import Command, decide
+from gpupool.core import Command, ReportRelease, RequestGpu, Schedule, decide
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
     Entry,
@@ -31,8 +31,8 @@ from gpupool.eventlog.port import (
     Undecodable,
     rejection_envelope,
 )
-from gpupool.eventlog.subjects import node_of_subject
-from gpupool.events import Envelope, Event, event_node
+from gpupool.eventlog.subjects import node_of_subject, writer_of_subject
+from gpupool.events import Envelope, Event, PodReady, Released, event_node
 from gpupool.runtime.projection import Projection
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,33 @@ MAX_CONFLICT_RETRIES = 100
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+_QUEUE_ENTRIES = (PodReady, Released)
+"""What a node-executor decides for a pod's queue membership (a rejection is decided node-wide:
+it may rest on an entry not yet seen, e.g. a registration that just landed)."""
+
+
+def expectation_writer(command: Command, events: list[Event], writer: str) -> str | None:
+    """The writer whose entries on the node a decision's expectation covers; None: all of them.
+
+    docs/eventlog.md gives the argument. A share-pool ``Assigned`` (only ``Schedule``
+    decides one) can be made wrong only by another claim on the node's GPUs, and
+    every share-pool claim is an admission-queue's: the expectation covers
+    ``<node>.admission-queue``. A node-executor's PodReady / Released / PodRejected
+    can be made wrong by none of the others' entries (only its own decide a pod's
+    queue membership): ``<node>.node-executor``. A rejection may rest on an entry not
+    yet seen (a registration that just landed), so it is decided node-wide. Everything else (configuration,
+    registration and static bindings, inventory, preemption) keeps the node-wide
+    expectation.
+    """
+    if isinstance(command, Schedule):
+        return writer
+    if isinstance(command, RequestGpu | ReportRelease) and all(
+        isinstance(event, _QUEUE_ENTRIES) for event in events
+    ):
+        return writer
+    return None
 
 
 class DeciderLoop:
@@ -70,6 +97,8 @@ class DeciderLoop:
         self.failure: BaseException | None = None
         self._caught_up: set[tuple[int, int]] = set()
         """(sequence, index) of others' events folded by a catch-up, not yet reacted to."""
+        self.writer: str = event_log.writer
+        """The writer token of this service's entries (the log's)."""
         self.consume_from = self.projection.last_seq + 1
         """Where the durable starts: after the rebuild (catch-ups and own appends beyond it
         are delivered, and reacted to only if a catch-up folded them)."""
@@ -114,9 +143,15 @@ class DeciderLoop:
         """Fold one entry (one event of an entry) unless it was folded before."""
         if isinstance(entry, StoredEvent):
             return self.projection.apply(
-                entry.seq, entry.envelope, index=entry.index, last=entry.last
+                entry.seq,
+                entry.envelope,
+                index=entry.index,
+                last=entry.last,
+                writer=writer_of_subject(entry.subject),
             )
-        return self.projection.skip(entry.seq, node_of_subject(entry.subject))
+        return self.projection.skip(
+            entry.seq, node_of_subject(entry.subject), writer_of_subject(entry.subject)
+        )
 
     def _rejection_recorded(self, seq: int) -> bool:
         return seq in self.projection.state.rejected_sequences
@@ -176,17 +211,26 @@ class DeciderLoop:
                     raise ValueError(
                         f"decided event for {event_node(event)!r} while executing for {node!r}"
                     )
+            scope = expectation_writer(command, events, self.writer)
             try:
                 # One decision, one entry: it lands whole or not at all.
                 seq = await self.log.append_decision(
-                    envelopes, expected_node_seq=self.projection.expected_node_seq(node)
+                    envelopes,
+                    expected_node_seq=self.projection.expected_node_seq(node, scope),
+                    expected_writer=scope,
                 )
             except ConcurrencyConflict as conflict:
                 self.conflicts += 1
+                if (
+                    scope is not None
+                    and conflict.actual is not None
+                    and self.projection.learn_writer_seq(node, scope, conflict.actual)
+                ):
+                    continue  # nothing unseen: only the subject's number was missing
                 log.info("%s: %s; catching up and deciding again", self.service, conflict)
                 await self._catch_up()
                 continue
-            self.projection.apply_entry(seq, envelopes)
+            self.projection.apply_entry(seq, envelopes, writer=self.writer)
             return events
         raise RuntimeError(
             f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"

@@ -90,6 +90,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     statistics: LogStatistics | None = None
     open_entry: tuple[int, int] | None = None
     """A decision entry folded in part when the snapshot was taken (see ``Projection``)."""
+    writer_seq: list[tuple[str, str, int]] = []
+    """(node, writer token, last sequence) of each subject folded (see ``Projection.writer_seq``)."""
 
 
 class _FormatProbe(msgspec.Struct):
