@@ -18,6 +18,7 @@ Everything JetStream-specific lives here; docs/eventlog.md explains the choices.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import re
@@ -567,6 +568,33 @@ class JetStreamSubscription:
         self._requested = 0
         self._unacked: dict[str, JetStreamDelivery] = {}
         self._closed = False
+        self._held: collections.deque[Msg | str | None] = collections.deque()
+        """Taken from the inbox by ``take_ready`` but not a delivery: for ``__anext__``."""
+
+    def take_ready(self, limit: int) -> list[Delivery]:
+        """Deliveries already received, at most ``limit``, without waiting (none: [])."""
+        taken: list[Delivery] = []
+        if self._closed or self._nats_subscription is None:
+            return taken
+        while len(taken) < limit and not self._held and not self._inbox.empty():
+            msg = self._inbox.get_nowait()
+            if (
+                isinstance(msg, Msg)
+                and msg.reply
+                and not (msg.headers and msg.headers.get("Status") is not None)
+            ):
+                taken.append(self._deliver(msg))
+            else:
+                self._held.append(msg)  # a status, a renewal, the end: __anext__ handles it
+        return taken
+
+    def _deliver(self, msg: Msg) -> JetStreamDelivery:
+        self._requested -= 1
+        delivery = JetStreamDelivery(
+            self, msg, read_entries(_stream_seq(msg), msg.subject, msg.data)
+        )
+        self._unacked[msg.reply] = delivery
+        return delivery
 
     def __aiter__(self) -> JetStreamSubscription:
         return self
@@ -614,7 +642,7 @@ class JetStreamSubscription:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that arrives together with a message (SIGTERM under a burst).
                 async with asyncio.timeout(2 * PULL_HEARTBEAT_S + 1):
-                    msg = await self._inbox.get()
+                    msg = self._held.popleft() if self._held else await self._inbox.get()
             except TimeoutError:
                 # Not even a heartbeat: the pull request was lost (reconnect). Ask again.
                 self._requested = 0
@@ -629,12 +657,7 @@ class JetStreamSubscription:
             assert isinstance(msg, Msg)
             status = msg.headers.get("Status") if msg.headers else None
             if status is None and msg.reply:
-                self._requested -= 1
-                delivery = JetStreamDelivery(
-                    self, msg, read_entries(_stream_seq(msg), msg.subject, msg.data)
-                )
-                self._unacked[msg.reply] = delivery
-                return delivery
+                return self._deliver(msg)
             if status == "100":
                 continue  # idle heartbeat
             if status in ("404", "408"):
@@ -656,8 +679,8 @@ class JetStreamSubscription:
             await _quietly(self._nats_subscription.unsubscribe(), "subscriber unsubscribe")
         for delivery in list(self._unacked.values()):
             await _quietly(delivery.nak(), "nak on close")
-        while not self._inbox.empty():
-            msg = self._inbox.get_nowait()
+        while self._held or not self._inbox.empty():
+            msg = self._held.popleft() if self._held else self._inbox.get_nowait()
             if isinstance(msg, Msg) and msg.reply and not (msg.headers and "Status" in msg.headers):
                 await _quietly(msg.nak(), "nak on close")
         self._inbox.put_nowait(None)

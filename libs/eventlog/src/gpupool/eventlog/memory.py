@@ -261,6 +261,19 @@ class MemorySubscription:
                 return delivery
             await appended.wait()
 
+    def take_ready(self, limit: int) -> list[Delivery]:
+        """Deliveries available now, at most ``limit``, without waiting."""
+        taken: list[Delivery] = []
+        while len(taken) < limit and not self._closed and not self._log._closed:
+            seq = self._consumer.next_seq(self._log)
+            if seq is None:
+                break
+            delivery = MemoryDelivery(self, self._log._entries(seq))
+            self._consumer.outstanding.add(seq)
+            self._unacked[seq] = delivery
+            taken.append(delivery)
+        return taken
+
     async def __aenter__(self) -> MemorySubscription:
         return self
 

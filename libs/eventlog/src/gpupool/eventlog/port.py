@@ -103,6 +103,13 @@ class Subscription(Protocol):
 
     async def __anext__(self) -> Delivery: ...
 
+    def take_ready(self, limit: int) -> list[Delivery]:
+        """The deliveries that can be handed out now, at most ``limit``, without waiting.
+
+        A consumer takes one delivery with ``__anext__`` and then everything already
+        received with this, to fold it all before deciding (batched consumption)."""
+        ...
+
     async def aclose(self) -> None: ...
 
     async def __aenter__(self) -> Subscription: ...

@@ -32,13 +32,17 @@ from gpupool.eventlog.port import (
     rejection_envelope,
 )
 from gpupool.eventlog.subjects import node_of_subject, writer_of_subject
-from gpupool.events import Envelope, Event, PodReady, Released, event_node
+from gpupool.events import NODELESS, Envelope, Event, PodReady, Released, event_node
 from gpupool.runtime.projection import Projection
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 Reaction = Callable[[StoredEvent], Awaitable[None]]
+BatchReaction = Callable[[list[StoredEvent]], Awaitable[None]]
+
+CONSUME_BATCH = 512
+"""At most this many deliveries are folded before the service reacts to them."""
 
 MAX_CONFLICT_RETRIES = 100
 
@@ -72,6 +76,16 @@ def expectation_writer(command: Command, events: list[Event], writer: str) -> st
     ):
         return writer
     return None
+
+
+def last_entry_per_node(entries: list[StoredEvent]) -> dict[str, Envelope]:
+    """The nodes a batch of events touched (in order of first touch), each with its last event."""
+    touched: dict[str, Envelope] = {}
+    for entry in entries:
+        node = event_node(entry.envelope.event)
+        if node != NODELESS:
+            touched[node] = entry.envelope
+    return touched
 
 
 class DeciderLoop:
@@ -255,8 +269,16 @@ class DeciderLoop:
             if not self._rejection_recorded(garbage.seq):
                 await self._set_aside(garbage)
 
-    async def consume(self, durable: str, react: Reaction) -> None:
-        """Fold live entries and react to each event; ack after the reaction committed.
+    async def consume(
+        self, durable: str, react: Reaction, *, react_batch: BatchReaction | None = None
+    ) -> None:
+        """Fold live entries and react to them; ack after the reactions committed.
+
+        Batched: after each delivery it waited for, the loop takes every delivery
+        already received (up to :data:`CONSUME_BATCH`), folds them all, then reacts
+        once: ``react_batch`` with every new event of the batch, in log order (a
+        service decides once per node touched), or ``react`` for each event. The
+        batch's acks follow its reactions (at-least-once), sent without waiting.
 
         The durable starts (or, if it lags, restarts) right after the last entry the
         rebuild folded, so a restarted service is not handed the replayed log again.
@@ -265,12 +287,22 @@ class DeciderLoop:
         try:
             self.ready = True
             async for delivery in subscription:
-                # fold the whole entry first: reactions never see a decision in part
-                reactions = [entry for entry in delivery.entries if await self._take(entry)]
-                for entry in reactions:
-                    assert isinstance(entry, StoredEvent)
-                    await react(entry)
-                await delivery.ack()
+                deliveries = [delivery, *subscription.take_ready(CONSUME_BATCH - 1)]
+                # fold the whole batch first: reactions never see a decision in part
+                reactions: list[StoredEvent] = []
+                for taken in deliveries:
+                    for entry in taken.entries:
+                        if await self._take(entry):
+                            assert isinstance(entry, StoredEvent)
+                            reactions.append(entry)
+                if reactions:
+                    if react_batch is not None:
+                        await react_batch(reactions)
+                    else:
+                        for entry in reactions:
+                            await react(entry)
+                for taken in deliveries:
+                    await taken.ack()
         finally:
             self.ready = False
             await subscription.aclose()

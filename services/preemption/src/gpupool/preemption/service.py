@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack, suppress
 from gpupool.core import PlanPreemption, next_preemption_check
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import NODELESS, Envelope
-from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.decider import DeciderLoop, last_entry_per_node
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,13 @@ class PreemptionService:
         if node != NODELESS:
             await self._plan(node, entry.envelope)
             self._changed.set()
+
+    async def react_batch(self, entries: list[StoredEvent]) -> None:
+        """After a batch of events: plan once for each node they touched, nodes concurrently."""
+        await asyncio.gather(
+            *(self._plan(node, cause) for node, cause in last_entry_per_node(entries).items())
+        )
+        self._changed.set()
 
     async def _plan(self, node: str, cause: Envelope | None) -> None:
         assert self._loop is not None
