@@ -166,7 +166,7 @@ async def test_a_failure_deciding_for_one_node_does_not_stop_the_others(
     loop = DeciderLoop(memory_log, service="admission-queue")
     await loop.rebuild()
     broken = loop.projection.state.nodes["n1"]
-    broken.pods = None  # type: ignore[assignment]  # a state no fold produces: decide raises
+    broken.queue = [()]  # type: ignore[list-item]  # a state no fold produces: decide raises
     assert await loop.execute(Schedule(node="n1"), node="n1") == []
     assert loop.decide_failures == 1
     await append_all(memory_log, [registered("a", 50, node="n2")])

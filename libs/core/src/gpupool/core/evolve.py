@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpupool.core.state import GPU_PERCENT, PodState, State
+from bisect import bisect_left, insort
+
+from gpupool.core.state import GPU_PERCENT, NodeState, PodState, QueueKey, State
 from gpupool.events import (
     Assigned,
     Envelope,
@@ -17,11 +19,18 @@ from gpupool.events import (
     PodRemoved,
     Preempted,
     Released,
+    Share,
 )
 
 
 def evolve(state: State, envelope: Envelope) -> State:
-    """Apply one event; unknown pods/nodes in an event are ignored (the deciders never emit them)."""
+    """Apply one event; unknown pods/nodes in an event are ignored (the deciders never emit them).
+
+    Besides the pods' own fields it keeps each node's indexes (``NodeState.queue``,
+    ``usage``, ``shares``): every case that changes a pod takes the pod out of them
+    first and puts it back after (``_unindex`` / ``_index``), so they are always what
+    ``reindex`` would compute from scratch.
+    """
     event = envelope.event
     match event:
         # the most frequent events first: a match tries its cases in order
@@ -29,34 +38,46 @@ def evolve(state: State, envelope: Envelope) -> State:
             pod = state.pods.get(event.pod)
             if pod is not None:
                 node = state.node(pod.node)
+                _unindex(node, pod)
                 node.ready_counter += 1
                 pod.phase = "ready"
                 pod.ready_since = envelope.time
                 pod.ready_order = node.ready_counter
+                _index(node, pod)
         case Assigned():
             pod = state.pods.get(event.pod)
             if pod is not None and assignment_holds(state, event):
+                node = state.node(pod.node)
+                _unindex(node, pod)
                 pod.phase = "running"
                 pod.gpu_index = event.gpu_index
                 pod.gpu_uuid = event.gpu_uuid
                 pod.running_since = envelope.time
                 pod.ready_since = None
+                _index(node, pod)
         case Released():
             pod = state.pods.get(event.pod)
             if pod is not None:
+                node = state.node(pod.node)
+                _unindex(node, pod)
                 if pod.removed:  # deleted while releasing: now its processes are gone
                     _forget(state, pod)
-                elif pod.policy == "static" and event.reason != "gpu-vanished":
-                    _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
                 else:
-                    _to_dormant(pod)
+                    if pod.policy == "static" and event.reason != "gpu-vanished":
+                        _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
+                    else:
+                        _to_dormant(pod)
+                    _index(node, pod)
         case Preempted():
             pod = state.pods.get(event.victim)
             if pod is not None:
                 pod.evicted_by = event.preemptor
                 pod.evict_reason = event.reason
         case PodRegistered():
-            state.pods[event.pod] = PodState(
+            earlier = state.pods.get(event.pod)
+            if earlier is not None:
+                _unindex(state.node(earlier.node), earlier)
+            pod = state.pods[event.pod] = PodState(
                 ref=event.pod,
                 node=event.node,
                 policy=event.policy,
@@ -66,13 +87,16 @@ def evolve(state: State, envelope: Envelope) -> State:
                 uid=event.uid,
                 registered_at=envelope.time,
             )
-            state.node(event.node).pods[event.pod] = None
+            node = state.node(event.node)
+            node.pods[event.pod] = None
+            _index(node, pod)
         case PodRemoved():
             pod = state.pods.get(event.pod)
             if pod is not None:
                 if pod.phase == "running":  # Releasing: the slot stays until Released
                     pod.removed = True
                 else:
+                    _unindex(state.node(pod.node), pod)
                     _forget(state, pod)
         case PodRejected():
             pass
@@ -101,6 +125,60 @@ def evolve(state: State, envelope: Envelope) -> State:
     return state
 
 
+_NO_SHARE = Share(core=0, memory=0)
+
+
+def _queue_key(pod: PodState) -> QueueKey:
+    return (-pod.priority, pod.ready_order, pod.ref.namespace, pod.ref.name, pod.ref)
+
+
+def _add_usage(node: NodeState, index: int, share: Share, sign: int) -> None:
+    held = node.usage.get(index, _NO_SHARE)
+    total = Share(core=held.core + sign * share.core, memory=held.memory + sign * share.memory)
+    if total == _NO_SHARE:
+        node.usage.pop(index, None)
+    else:
+        node.usage[index] = total
+
+
+def _index(node: NodeState, pod: PodState) -> None:
+    """Count ``pod`` in its node's indexes, as it is now."""
+    if pod.policy == "share-pool":
+        node.shares[pod.limits] = node.shares.get(pod.limits, 0) + 1
+        if pod.phase == "running" and pod.gpu_index is not None:
+            _add_usage(node, pod.gpu_index, pod.limits, 1)
+    if pod.phase == "ready":
+        insort(node.queue, _queue_key(pod))
+
+
+def _unindex(node: NodeState, pod: PodState) -> None:
+    """Take ``pod`` out of its node's indexes, as it is now (before it changes)."""
+    if pod.policy == "share-pool":
+        left = node.shares.get(pod.limits, 0) - 1
+        if left > 0:
+            node.shares[pod.limits] = left
+        else:
+            node.shares.pop(pod.limits, None)
+        if pod.phase == "running" and pod.gpu_index is not None:
+            _add_usage(node, pod.gpu_index, pod.limits, -1)
+    if pod.phase == "ready":
+        key = _queue_key(pod)
+        at = bisect_left(node.queue, key)
+        if at < len(node.queue) and node.queue[at] == key:
+            del node.queue[at]
+
+
+def reindex(state: State) -> State:
+    """Compute every node's indexes from the pods (a state built other than by ``evolve``)."""
+    for node in state.nodes.values():
+        node.queue = []
+        node.usage = {}
+        node.shares = {}
+    for pod in state.pods.values():
+        _index(state.node(pod.node), pod)
+    return state
+
+
 def assignment_holds(state: State, event: Assigned) -> bool:
     """Whether an Assigned takes effect when folded onto ``state`` (else it is a no-op).
 
@@ -125,19 +203,11 @@ def assignment_holds(state: State, event: Assigned) -> bool:
         gpu.index == event.gpu_index and gpu.uuid == event.gpu_uuid for gpu in node.gpus
     ):
         return False
-    core = pod.limits.core
-    memory = pod.limits.memory
-    pods = state.pods
-    for ref in node.pods:
-        other = pods[ref]
-        if (
-            other.phase == "running"
-            and other.gpu_index == event.gpu_index
-            and other.policy == "share-pool"
-        ):
-            core += other.limits.core
-            memory += other.limits.memory
-    return core <= GPU_PERCENT and memory <= GPU_PERCENT
+    held = node.usage.get(event.gpu_index, _NO_SHARE)
+    return (
+        held.core + pod.limits.core <= GPU_PERCENT
+        and held.memory + pod.limits.memory <= GPU_PERCENT
+    )
 
 
 REJECTION_ID_PREFIX = "rejected-"

@@ -23,6 +23,7 @@ from datetime import datetime
 import msgspec
 
 from gpupool.core import NodeState, Phase, PodState, State
+from gpupool.core.evolve import reindex
 from gpupool.events import GpuInfo, InventorySource, PodRef, Policy, PreemptReason, QosConfig, Share
 from gpupool.runtime.statistics import LogStatistics
 
@@ -180,11 +181,14 @@ def state_record(state: State) -> StateRecord:
 
 
 def state_from_record(record: StateRecord) -> State:
-    return State(
-        nodes={node.name: node_state(node) for node in record.nodes},
-        pods={pod.ref: pod_state(pod) for pod in record.pods},
-        rejected_messages=record.rejected_messages,
-        rejected_sequences=set(record.rejected_sequences),
+    """The state a record holds, with the node indexes ``evolve`` keeps computed again."""
+    return reindex(
+        State(
+            nodes={node.name: node_state(node) for node in record.nodes},
+            pods={pod.ref: pod_state(pod) for pod in record.pods},
+            rejected_messages=record.rejected_messages,
+            rejected_sequences=set(record.rejected_sequences),
+        )
     )
 
 
