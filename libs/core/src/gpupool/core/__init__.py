@@ -30,7 +30,7 @@ from gpupool.core.placement import (
     ready_queue,
     waiting_message,
 )
-from gpupool.core.preemption import next_preemption_check, plan_preemption
+from gpupool.core.preemption import PreemptionDeadlines, next_preemption_check, plan_preemption
 from gpupool.core.state import NodeState, Phase, PodState, State
 from gpupool.core.validation import (
     ContainerResources,
@@ -56,6 +56,7 @@ __all__ = [
     "PodManifest",
     "PodSpec",
     "PodState",
+    "PreemptionDeadlines",
     "PresentPod",
     "ReconcilePods",
     "RegisterPod",

@@ -21,7 +21,6 @@ from gpupool.core.placement import (
     add,
     allocated_requests,
     choose_gpu,
-    gpu_usage,
     reservation_gpu,
     static_usage,
 )
@@ -482,12 +481,9 @@ _NO_SHARE = Share(core=0, memory=0)
 
 def _plan_preemption(state: State, node_name: str, now: datetime) -> list[Event]:
     node = state.nodes.get(node_name)
-    if node is None:
-        return []
-    present = {gpu.index for gpu in node.gpus}
-    usage = {
-        i: used for i, used in gpu_usage(node, state.pods_on(node_name)).items() if i in present
-    }
+    if node is None or not node.qos.preempt_enabled or not node.queue:
+        return []  # what plan_preemption would find first, without building the usage
+    usage = {gpu.index: node.usage.get(gpu.index, _NO_SHARE) for gpu in node.gpus}
     plan = plan_preemption(state, node_name, usage, now)
     if plan is None:
         return []
