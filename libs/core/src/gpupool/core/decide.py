@@ -21,6 +21,7 @@ from gpupool.core.placement import (
     add,
     allocated_requests,
     choose_gpu,
+    fits,
     reservation_gpu,
     static_usage,
 )
@@ -451,6 +452,9 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
     uuids = {gpu.index: gpu.uuid for gpu in node.gpus}
     # only GPUs of the inventory can be chosen (a slot on a vanished one is being released)
     usage = {index: node.usage.get(index, _NO_SHARE) for index in sorted(uuids)}
+    first = pods[node.queue[0][4]].limits
+    if not node.qos.backfill and not any(fits(used, first) for used in usage.values()):
+        return []  # the head is blocked and nobody may pass it: O(GPUs)
     workload = Workload.of({Task(gpus=1, share=share): n for share, n in node.shares.items()})
     events: list[Event] = []
     queue = node.queue

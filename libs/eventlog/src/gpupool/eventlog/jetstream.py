@@ -71,7 +71,7 @@ MessageRejected), so the only entries delivered again and again are those whose
 handler keeps failing, which should stop the service loudly, not lose the event.
 """
 
-PULL_BATCH = 128
+PULL_BATCH = 1024
 PULL_EXPIRES_S = 30.0
 PULL_HEARTBEAT_S = 5.0
 UNEXPECTED_STATUS_BACKOFF_S = 0.1

@@ -41,7 +41,7 @@ Clock = Callable[[], datetime]
 Reaction = Callable[[StoredEvent], Awaitable[None]]
 BatchReaction = Callable[[list[StoredEvent]], Awaitable[None]]
 
-CONSUME_BATCH = 512
+CONSUME_BATCH = 1024
 """At most this many deliveries are folded before the service reacts to them."""
 
 MAX_CONFLICT_RETRIES = 100
