@@ -38,7 +38,8 @@ def evolve(state: State, envelope: Envelope) -> State:
             pod = state.pods.get(event.pod)
             if pod is not None:
                 node = state.node(pod.node)
-                _unindex(node, pod)
+                if pod.phase != "dormant":
+                    _unindex(node, pod)
                 node.ready_counter += 1
                 pod.phase = "ready"
                 pod.ready_since = envelope.time
@@ -46,7 +47,7 @@ def evolve(state: State, envelope: Envelope) -> State:
                 _index(node, pod)
         case Assigned():
             pod = state.pods.get(event.pod)
-            if pod is not None and assignment_holds(state, event):
+            if pod is not None and _holds(state, pod, event):
                 node = state.node(pod.node)
                 _unindex(node, pod)
                 pod.phase = "running"
@@ -62,12 +63,11 @@ def evolve(state: State, envelope: Envelope) -> State:
                 _unindex(node, pod)
                 if pod.removed:  # deleted while releasing: now its processes are gone
                     _forget(state, pod)
+                elif pod.policy == "static" and event.reason != "gpu-vanished":
+                    _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
                 else:
-                    if pod.policy == "static" and event.reason != "gpu-vanished":
-                        _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
-                    else:
-                        _to_dormant(pod)
-                    _index(node, pod)
+                    _to_dormant(pod)
+                # dormant now (or gone): nothing of it in the node's queue or usage
         case Preempted():
             pod = state.pods.get(event.victim)
             if pod is not None:
@@ -77,6 +77,7 @@ def evolve(state: State, envelope: Envelope) -> State:
             earlier = state.pods.get(event.pod)
             if earlier is not None:
                 _unindex(state.node(earlier.node), earlier)
+                _count_share(state.node(earlier.node), earlier, -1)
             pod = state.pods[event.pod] = PodState(
                 ref=event.pod,
                 node=event.node,
@@ -89,7 +90,7 @@ def evolve(state: State, envelope: Envelope) -> State:
             )
             node = state.node(event.node)
             node.pods[event.pod] = None
-            _index(node, pod)
+            _count_share(node, pod, 1)
         case PodRemoved():
             pod = state.pods.get(event.pod)
             if pod is not None:
@@ -142,30 +143,35 @@ def _add_usage(node: NodeState, index: int, share: Share, sign: int) -> None:
 
 
 def _index(node: NodeState, pod: PodState) -> None:
-    """Count ``pod`` in its node's indexes, as it is now."""
-    if pod.policy == "share-pool":
-        node.shares[pod.limits] = node.shares.get(pod.limits, 0) + 1
-        if pod.phase == "running" and pod.gpu_index is not None:
-            _add_usage(node, pod.gpu_index, pod.limits, 1)
-    if pod.phase == "ready":
+    """Count ``pod``'s phase in its node's queue and usage, as it is now."""
+    phase = pod.phase
+    if phase == "ready":
         insort(node.queue, _queue_key(pod))
+    elif phase == "running" and pod.gpu_index is not None and pod.policy == "share-pool":
+        _add_usage(node, pod.gpu_index, pod.limits, 1)
 
 
 def _unindex(node: NodeState, pod: PodState) -> None:
-    """Take ``pod`` out of its node's indexes, as it is now (before it changes)."""
+    """Take ``pod``'s phase out of its node's queue and usage (before the phase changes)."""
+    phase = pod.phase
+    if phase == "ready":
+        key = _queue_key(pod)
+        queue = node.queue
+        at = bisect_left(queue, key)
+        if at < len(queue) and queue[at] == key:
+            del queue[at]
+    elif phase == "running" and pod.gpu_index is not None and pod.policy == "share-pool":
+        _add_usage(node, pod.gpu_index, pod.limits, -1)
+
+
+def _count_share(node: NodeState, pod: PodState, sign: int) -> None:
+    """Count ``pod`` (registered on ``node``, or forgotten: ``sign`` -1) in the node's workload."""
     if pod.policy == "share-pool":
-        left = node.shares.get(pod.limits, 0) - 1
+        left = node.shares.get(pod.limits, 0) + sign
         if left > 0:
             node.shares[pod.limits] = left
         else:
             node.shares.pop(pod.limits, None)
-        if pod.phase == "running" and pod.gpu_index is not None:
-            _add_usage(node, pod.gpu_index, pod.limits, -1)
-    if pod.phase == "ready":
-        key = _queue_key(pod)
-        at = bisect_left(node.queue, key)
-        if at < len(node.queue) and node.queue[at] == key:
-            del node.queue[at]
 
 
 def reindex(state: State) -> State:
@@ -175,7 +181,9 @@ def reindex(state: State) -> State:
         node.usage = {}
         node.shares = {}
     for pod in state.pods.values():
-        _index(state.node(pod.node), pod)
+        node = state.node(pod.node)
+        _index(node, pod)
+        _count_share(node, pod, 1)
     return state
 
 
@@ -192,22 +200,29 @@ def assignment_holds(state: State, event: Assigned) -> bool:
     Static bindings are decided under the node-wide expectation and always hold.
     """
     pod = state.pods.get(event.pod)
-    if pod is None:
-        return False
+    return pod is not None and _holds(state, pod, event)
+
+
+def _holds(state: State, pod: PodState, event: Assigned) -> bool:
     if pod.policy != "share-pool":
         return True
     if pod.phase != "ready" or pod.removed or pod.node != event.node:
         return False
     node = state.nodes.get(pod.node)
-    if node is None or not any(
-        gpu.index == event.gpu_index and gpu.uuid == event.gpu_uuid for gpu in node.gpus
-    ):
+    if node is None or not _in_inventory(node, event.gpu_index, event.gpu_uuid):
         return False
     held = node.usage.get(event.gpu_index, _NO_SHARE)
     return (
         held.core + pod.limits.core <= GPU_PERCENT
         and held.memory + pod.limits.memory <= GPU_PERCENT
     )
+
+
+def _in_inventory(node: NodeState, index: int, uuid: str) -> bool:
+    gpus = node.gpus
+    if 0 <= index < len(gpus) and gpus[index].index == index:  # the usual layout: O(1)
+        return gpus[index].uuid == uuid
+    return any(gpu.index == index and gpu.uuid == uuid for gpu in gpus)
 
 
 REJECTION_ID_PREFIX = "rejected-"
@@ -223,8 +238,11 @@ def _rejected_seq_of_id(envelope_id: str) -> int:
 
 
 def _forget(state: State, pod: PodState) -> None:
+    """Drop a pod (already taken out of its node's queue and usage)."""
     state.pods.pop(pod.ref, None)
-    state.node(pod.node).pods.pop(pod.ref, None)
+    node = state.node(pod.node)
+    node.pods.pop(pod.ref, None)
+    _count_share(node, pod, -1)
 
 
 def _static_ended(pod: PodState) -> None:

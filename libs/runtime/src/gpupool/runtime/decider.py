@@ -2,10 +2,12 @@
 
 * **rebuild**: fold the whole log (ordered replay) into a Projection.
 * **consume**: a durable subscription per service instance (each replica folds
-  every entry; the durable lets a restarted instance resume where it acked).
+  every entry; the durable lets a restarted instance resume where it acked), in
+  batches: everything already delivered is folded before the service reacts.
 * **decide + append**: ``execute`` runs ``core.decide`` on the projection and
-  appends the events, as ONE entry (all or nothing), with the node's last sequence as the optimistic-concurrency
-  expectation. If another writer (a second replica) got there first, the append
+  appends the events, as ONE entry (all or nothing), with an optimistic-concurrency
+  expectation on the entries that could make the decision wrong
+  (:func:`expectation_writer`: one writer's subject of the node, or the whole node). If another writer (a second replica) got there first, the append
   fails with ConcurrencyConflict: the loop catches up from the log and decides
   again, so two replicas can never both commit conflicting decisions.
 * **bad input**: an undecodable entry is set aside as a MessageRejected event
