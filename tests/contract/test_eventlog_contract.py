@@ -293,6 +293,40 @@ async def test_expectation_is_per_node_across_all_tags(event_log: EventLog) -> N
     assert await event_log.append(wrap(ready(node="n", pod="q")), expected_node_seq=n2) > n2
 
 
+async def test_an_expectation_narrowed_to_a_writer_ignores_the_other_writers_entries(
+    event_log: EventLog,
+) -> None:
+    prefix = prefix_of(event_log)
+    mine = await event_log.append(wrap(ready(node="n")), expected_node_seq=0)
+    # another writer's entry on the same node, and garbage there: neither moves my subject
+    await event_log.append_raw(
+        f"{prefix}.n.node-executor", encode_envelope(wrap(ready(node="n", pod="q")))
+    )
+    await event_log.append_raw(f"{prefix}.n.node-executor", b"junk")
+
+    second = await event_log.append_decision(
+        [wrap(assigned(node="n"))], expected_node_seq=mine, expected_writer=DEFAULT_WRITER
+    )
+
+    # the node-wide expectation still sees them; my own newer entry moves my subject
+    with pytest.raises(ConcurrencyConflict):
+        await event_log.append(wrap(assigned(node="n", pod="q")), expected_node_seq=mine)
+    with pytest.raises(ConcurrencyConflict) as caught:
+        await event_log.append_decision(
+            [wrap(assigned(node="n", pod="r"))],
+            expected_node_seq=mine,
+            expected_writer=DEFAULT_WRITER,
+        )
+    assert caught.value.actual == second
+    # a writer that has appended nothing on the node expects 0
+    assert (
+        await event_log.append_decision(
+            [wrap(assigned(node="n", pod="s"))], expected_node_seq=0, expected_writer="policy"
+        )
+        > second
+    )
+
+
 async def test_garbage_on_a_node_subject_counts_for_its_sequence(event_log: EventLog) -> None:
     n1 = await event_log.append(wrap(ready(node="n")), expected_node_seq=0)
     await event_log.append_raw(f"{prefix_of(event_log)}.n.Junk", b"junk")

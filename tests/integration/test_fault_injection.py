@@ -89,13 +89,19 @@ class FaultyLog:
         return getattr(self.inner, name)
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
         fault = self.faults.draw()
         if fault == "before":
             self.faults.injected["before"] += 1
             raise Crash("killed before its decision was published")
-        seq = await self.inner.append_decision(envelopes, expected_node_seq=expected_node_seq)
+        seq = await self.inner.append_decision(
+            envelopes, expected_node_seq=expected_node_seq, expected_writer=expected_writer
+        )
         if fault == "after":
             self.faults.injected["after"] += 1
             raise Crash("killed after its decision was published, before folding it")

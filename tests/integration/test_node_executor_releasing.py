@@ -121,10 +121,16 @@ class WatchedLog(InMemoryEventLog):
         return await super().append(envelope, expected_node_seq=expected_node_seq)
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
         self._watch(envelopes)
-        return await super().append_decision(envelopes, expected_node_seq=expected_node_seq)
+        return await super().append_decision(
+            envelopes, expected_node_seq=expected_node_seq, expected_writer=expected_writer
+        )
 
 
 @pytest.fixture

@@ -70,6 +70,11 @@ class CountingLog(InMemoryEventLog):
                 log.delivered.append(delivery.entry.seq)
                 return delivery
 
+            def take_ready(self, limit: int):  # type: ignore[no-untyped-def]
+                taken = inner.take_ready(limit)
+                log.delivered.extend(delivery.entry.seq for delivery in taken)
+                return taken
+
             async def aclose(self) -> None:
                 await inner.aclose()
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from gpupool.audit import Reason, reasons
 from gpupool.cli.commands.explain import reason_text
 from gpupool.core.diagnosis import diagnose
+from gpupool.core.evolve import reindex
 from gpupool.core.state import NodeState, PodState, State
 from gpupool.events import GpuInfo, PodRef, QosConfig, Share
 
@@ -99,7 +100,7 @@ def states(draw: st.DrawFn) -> tuple[State, datetime]:
         victim.evicted_by = draw(st.sampled_from(waiting)).ref
         victim.evict_reason = "priority"
     node.ready_counter = len(waiting)
-    return state, now
+    return reindex(state), now  # built by hand, not by evolve: compute its node indexes
 
 
 # ------------------------------------------------------------------ the facts, from the raw state
@@ -284,7 +285,7 @@ def test_the_reported_bug_a_lower_priority_pod_is_named_eligible() -> None:
         ready_order=1,
     )
     node.pods = {low.ref: None, high.ref: None}
-    state = State(nodes={NODE: node}, pods={low.ref: low, high.ref: high})
+    state = reindex(State(nodes={NODE: node}, pods={low.ref: low, high.ref: high}))
     said = reasons(diagnose(state, high.ref, T0 + timedelta(minutes=1)))
     texts = [reason_text(r, T0) for r in said]
     assert "default/low on GPU 0 may be preempted (priority 0 below the head's 5)" in texts

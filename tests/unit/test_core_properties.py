@@ -11,6 +11,7 @@ every step, and per event as it is logged.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -38,6 +39,7 @@ from gpupool.core import (
     queue_positions,
     ready_queue,
 )
+from gpupool.core.evolve import reindex
 from gpupool.core.placement import reservation_gpu, static_usage
 from gpupool.core.validation import CORE_RESOURCE, MEMORY_RESOURCE
 from gpupool.events import (
@@ -385,8 +387,13 @@ class Driver:
         self.check_processes()
         state = self.state
         assert fold(self.log) == state, "folding the log from scratch differs from the live state"
+        assert reindex(copy.deepcopy(state)) == state, "evolve's node indexes differ from the pods"
         for name, node in state.nodes.items():
             pods = state.pods_on(name)
+            assert [state.pods[key[4]] for key in node.queue] == ready_queue(state, name)
+            assert node.usage == {
+                gpu: used for gpu, used in gpu_usage(node, pods).items() if used.core or used.memory
+            }
             present = {gpu.index for gpu in node.gpus}
             for pod in pods:
                 if pod.gpu_index is not None:

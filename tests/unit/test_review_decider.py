@@ -109,12 +109,18 @@ class AnotherWriterFirst:
         return getattr(self.inner, name)
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
         if not self.tripped and len(envelopes) >= 2:
             self.tripped = True
             await self.inner.append(envelope(self.interloper))  # another process, same node
-        return await self.inner.append_decision(envelopes, expected_node_seq=expected_node_seq)
+        return await self.inner.append_decision(
+            envelopes, expected_node_seq=expected_node_seq, expected_writer=expected_writer
+        )
 
 
 async def test_a_decision_that_meets_another_writer_lands_whole_after_a_retry(
@@ -160,7 +166,7 @@ async def test_a_failure_deciding_for_one_node_does_not_stop_the_others(
     loop = DeciderLoop(memory_log, service="admission-queue")
     await loop.rebuild()
     broken = loop.projection.state.nodes["n1"]
-    broken.pods = None  # type: ignore[assignment]  # a state no fold produces: decide raises
+    broken.queue = [()]  # type: ignore[list-item]  # a state no fold produces: decide raises
     assert await loop.execute(Schedule(node="n1"), node="n1") == []
     assert loop.decide_failures == 1
     await append_all(memory_log, [registered("a", 50, node="n2")])

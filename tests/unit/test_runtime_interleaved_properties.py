@@ -77,13 +77,19 @@ class Interleaving:
         return getattr(self.inner, name)
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
         if self.cuts and self.cuts.pop() and self.pending and self.interloper is not None:
             command = self.pending.pop()
             await self.interloper.rebuild()
             await self.interloper.execute(command, node=NODE)
-        return await self.inner.append_decision(envelopes, expected_node_seq=expected_node_seq)
+        return await self.inner.append_decision(
+            envelopes, expected_node_seq=expected_node_seq, expected_writer=expected_writer
+        )
 
 
 async def scenario(requests: list[int], cuts: list[bool], removals: list[int]) -> None:

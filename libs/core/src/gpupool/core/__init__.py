@@ -16,7 +16,7 @@ from gpupool.core.decide import (
     decide,
     schedule,
 )
-from gpupool.core.evolve import evolve, fold
+from gpupool.core.evolve import assignment_holds, evolve, fold
 from gpupool.core.placement import (
     STATUS_DORMANT,
     STATUS_READY,
@@ -30,7 +30,7 @@ from gpupool.core.placement import (
     ready_queue,
     waiting_message,
 )
-from gpupool.core.preemption import next_preemption_check, plan_preemption
+from gpupool.core.preemption import PreemptionDeadlines, next_preemption_check, plan_preemption
 from gpupool.core.state import NodeState, Phase, PodState, State
 from gpupool.core.validation import (
     ContainerResources,
@@ -56,6 +56,7 @@ __all__ = [
     "PodManifest",
     "PodSpec",
     "PodState",
+    "PreemptionDeadlines",
     "PresentPod",
     "ReconcilePods",
     "RegisterPod",
@@ -67,6 +68,7 @@ __all__ = [
     "Schedule",
     "State",
     "apply",
+    "assignment_holds",
     "choose_gpu",
     "decide",
     "evolve",

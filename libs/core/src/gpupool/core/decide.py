@@ -16,14 +16,13 @@ from datetime import UTC, datetime
 import msgspec
 
 from gpupool.core.evolve import evolve
+from gpupool.core.fragmentation import Task, Workload
 from gpupool.core.input_bounds import refuse_node_config, refuse_pod_manifest
 from gpupool.core.placement import (
     add,
     allocated_requests,
     choose_gpu,
-    gpu_usage,
-    node_workload,
-    ready_queue,
+    fits,
     reservation_gpu,
     static_usage,
 )
@@ -54,6 +53,7 @@ from gpupool.events import (
     Preempted,
     Released,
     ReleaseReason,
+    Share,
 )
 
 
@@ -443,20 +443,27 @@ def _report_release(state: State, command: ReportRelease) -> list[Event]:
 
 
 def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
-    """Serve the node's ready queue in order (strict head-of-line; backfill if the node opts in)."""
+    """Serve the node's ready queue in order (strict head-of-line; backfill if the node opts in).
+
+    It reads the indexes ``evolve`` keeps (``NodeState.queue``, ``usage``, ``shares``), so
+    with the head blocked and no backfill it costs O(GPUs), whatever the queue's length.
+    """
     node = state.nodes.get(node_name)
-    if node is None or node.policy != "share-pool" or not node.gpus:
+    if node is None or node.policy != "share-pool" or not node.gpus or not node.queue:
         return []
-    pods = state.pods_on(node_name)
-    workload = node_workload(pods)
+    pods = state.pods
     uuids = {gpu.index: gpu.uuid for gpu in node.gpus}
     # only GPUs of the inventory can be chosen (a slot on a vanished one is being released)
-    usage = {index: used for index, used in gpu_usage(node, pods).items() if index in uuids}
+    usage = {index: node.usage.get(index, _NO_SHARE) for index in sorted(uuids)}
+    first = pods[node.queue[0][4]].limits
+    if not node.qos.backfill and not any(fits(used, first) for used in usage.values()):
+        return []  # the head is blocked and nobody may pass it: O(GPUs)
+    workload = Workload.of({Task(gpus=1, share=share): n for share, n in node.shares.items()})
     events: list[Event] = []
-    queue = ready_queue(state, node_name)
+    queue = node.queue
     position = 0
     while position < len(queue):
-        head = queue[position]
+        head = pods[queue[position][4]]
         gpu = choose_gpu(usage, head.limits, workload=workload)
         if gpu is None:
             break
@@ -464,9 +471,10 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
         usage[gpu] = add(usage[gpu], head.limits)
         position += 1
     if position < len(queue) and node.qos.backfill:
-        head = queue[position]
-        reserved = reservation_gpu(usage, head, pods)
-        for pod in queue[position + 1 :]:
+        head = pods[queue[position][4]]
+        reserved = reservation_gpu(usage, head, state.pods_on(node_name))
+        for key in queue[position + 1 :]:
+            pod = pods[key[4]]
             gpu = choose_gpu(usage, pod.limits, exclude=reserved, workload=workload)
             if gpu is None:
                 continue
@@ -475,14 +483,14 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
     return events
 
 
+_NO_SHARE = Share(core=0, memory=0)
+
+
 def _plan_preemption(state: State, node_name: str, now: datetime) -> list[Event]:
     node = state.nodes.get(node_name)
-    if node is None:
-        return []
-    present = {gpu.index for gpu in node.gpus}
-    usage = {
-        i: used for i, used in gpu_usage(node, state.pods_on(node_name)).items() if i in present
-    }
+    if node is None or not node.qos.preempt_enabled or not node.queue:
+        return []  # what plan_preemption would find first, without building the usage
+    usage = {gpu.index: node.usage.get(gpu.index, _NO_SHARE) for gpu in node.gpus}
     plan = plan_preemption(state, node_name, usage, now)
     if plan is None:
         return []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpupool.core.state import PodState, State
+from bisect import bisect_left, insort
+
+from gpupool.core.state import GPU_PERCENT, NodeState, PodState, QueueKey, State
 from gpupool.events import (
     Assigned,
     Envelope,
@@ -17,11 +19,18 @@ from gpupool.events import (
     PodRemoved,
     Preempted,
     Released,
+    Share,
 )
 
 
 def evolve(state: State, envelope: Envelope) -> State:
-    """Apply one event; unknown pods/nodes in an event are ignored (the deciders never emit them)."""
+    """Apply one event; unknown pods/nodes in an event are ignored (the deciders never emit them).
+
+    Besides the pods' own fields it keeps each node's indexes (``NodeState.queue``,
+    ``usage``, ``shares``): every case that changes a pod takes the pod out of them
+    first and puts it back after (``_unindex`` / ``_index``), so they are always what
+    ``reindex`` would compute from scratch.
+    """
     event = envelope.event
     match event:
         # the most frequent events first: a match tries its cases in order
@@ -29,34 +38,47 @@ def evolve(state: State, envelope: Envelope) -> State:
             pod = state.pods.get(event.pod)
             if pod is not None:
                 node = state.node(pod.node)
+                if pod.phase != "dormant":
+                    _unindex(node, pod)
                 node.ready_counter += 1
                 pod.phase = "ready"
                 pod.ready_since = envelope.time
                 pod.ready_order = node.ready_counter
+                _index(node, pod)
         case Assigned():
             pod = state.pods.get(event.pod)
-            if pod is not None:
+            if pod is not None and _holds(state, pod, event):
+                node = state.node(pod.node)
+                _unindex(node, pod)
                 pod.phase = "running"
                 pod.gpu_index = event.gpu_index
                 pod.gpu_uuid = event.gpu_uuid
                 pod.running_since = envelope.time
                 pod.ready_since = None
+                _index(node, pod)
         case Released():
             pod = state.pods.get(event.pod)
             if pod is not None:
+                node = state.node(pod.node)
+                _unindex(node, pod)
                 if pod.removed:  # deleted while releasing: now its processes are gone
                     _forget(state, pod)
                 elif pod.policy == "static" and event.reason != "gpu-vanished":
                     _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
                 else:
                     _to_dormant(pod)
+                # dormant now (or gone): nothing of it in the node's queue or usage
         case Preempted():
             pod = state.pods.get(event.victim)
             if pod is not None:
                 pod.evicted_by = event.preemptor
                 pod.evict_reason = event.reason
         case PodRegistered():
-            state.pods[event.pod] = PodState(
+            earlier = state.pods.get(event.pod)
+            if earlier is not None:
+                _unindex(state.node(earlier.node), earlier)
+                _count_share(state.node(earlier.node), earlier, -1)
+            pod = state.pods[event.pod] = PodState(
                 ref=event.pod,
                 node=event.node,
                 policy=event.policy,
@@ -66,13 +88,16 @@ def evolve(state: State, envelope: Envelope) -> State:
                 uid=event.uid,
                 registered_at=envelope.time,
             )
-            state.node(event.node).pods[event.pod] = None
+            node = state.node(event.node)
+            node.pods[event.pod] = None
+            _count_share(node, pod, 1)
         case PodRemoved():
             pod = state.pods.get(event.pod)
             if pod is not None:
                 if pod.phase == "running":  # Releasing: the slot stays until Released
                     pod.removed = True
                 else:
+                    _unindex(state.node(pod.node), pod)
                     _forget(state, pod)
         case PodRejected():
             pass
@@ -102,6 +127,105 @@ def evolve(state: State, envelope: Envelope) -> State:
     return state
 
 
+_NO_SHARE = Share(core=0, memory=0)
+
+
+def _queue_key(pod: PodState) -> QueueKey:
+    return (-pod.priority, pod.ready_order, pod.ref.namespace, pod.ref.name, pod.ref)
+
+
+def _add_usage(node: NodeState, index: int, share: Share, sign: int) -> None:
+    held = node.usage.get(index, _NO_SHARE)
+    total = Share(core=held.core + sign * share.core, memory=held.memory + sign * share.memory)
+    if total == _NO_SHARE:
+        node.usage.pop(index, None)
+    else:
+        node.usage[index] = total
+
+
+def _index(node: NodeState, pod: PodState) -> None:
+    """Count ``pod``'s phase in its node's queue and usage, as it is now."""
+    phase = pod.phase
+    if phase == "ready":
+        insort(node.queue, _queue_key(pod))
+    elif phase == "running" and pod.gpu_index is not None and pod.policy == "share-pool":
+        _add_usage(node, pod.gpu_index, pod.limits, 1)
+
+
+def _unindex(node: NodeState, pod: PodState) -> None:
+    """Take ``pod``'s phase out of its node's queue and usage (before the phase changes)."""
+    phase = pod.phase
+    if phase == "ready":
+        key = _queue_key(pod)
+        queue = node.queue
+        at = bisect_left(queue, key)
+        if at < len(queue) and queue[at] == key:
+            del queue[at]
+    elif phase == "running" and pod.gpu_index is not None and pod.policy == "share-pool":
+        _add_usage(node, pod.gpu_index, pod.limits, -1)
+
+
+def _count_share(node: NodeState, pod: PodState, sign: int) -> None:
+    """Count ``pod`` (registered on ``node``, or forgotten: ``sign`` -1) in the node's workload."""
+    if pod.policy == "share-pool":
+        left = node.shares.get(pod.limits, 0) + sign
+        if left > 0:
+            node.shares[pod.limits] = left
+        else:
+            node.shares.pop(pod.limits, None)
+
+
+def reindex(state: State) -> State:
+    """Compute every node's indexes from the pods (a state built other than by ``evolve``)."""
+    for node in state.nodes.values():
+        node.queue = []
+        node.usage = {}
+        node.shares = {}
+    for pod in state.pods.values():
+        node = state.node(pod.node)
+        _index(node, pod)
+        _count_share(node, pod, 1)
+    return state
+
+
+def assignment_holds(state: State, event: Assigned) -> bool:
+    """Whether an Assigned takes effect when folded onto ``state`` (else it is a no-op).
+
+    A share-pool Assigned is decided with an expectation that covers only the other
+    claims on the node's GPUs (docs/eventlog.md), so it may reach the log after an
+    entry it did not see: the pod cancelled, was deleted (or deleted and registered
+    again), or its GPU vanished. Such an Assigned claims nothing: it holds only for a
+    pod still waiting, on a GPU of the node's inventory (same index and UUID), where
+    its limits fit beside the pods running there. The rule reads only the state the
+    log folded to, so every replica folds the same log to the same state.
+    Static bindings are decided under the node-wide expectation and always hold.
+    """
+    pod = state.pods.get(event.pod)
+    return pod is not None and _holds(state, pod, event)
+
+
+def _holds(state: State, pod: PodState, event: Assigned) -> bool:
+    if pod.policy != "share-pool":
+        return True
+    if pod.phase != "ready" or pod.removed or pod.node != event.node:
+        return False
+    node = state.nodes.get(pod.node)
+    if node is None or not _in_inventory(node, event.gpu_index, event.gpu_uuid):
+        return False
+    held = node.usage.get(event.gpu_index, _NO_SHARE)
+    return (
+        held.core + pod.limits.core <= GPU_PERCENT
+        and held.memory + pod.limits.memory <= GPU_PERCENT
+    )
+
+
+def _in_inventory(node: NodeState, index: int, uuid: str) -> bool:
+    gpus = node.gpus
+    if 0 <= index < len(gpus) and gpus[index].index == index:  # the usual layout: O(1)
+        return gpus[index].uuid == uuid
+    return any(gpu.index == index and gpu.uuid == uuid for gpu in gpus)
+
+
 REJECTION_ID_PREFIX = "rejected-"
 """Rejections written before MessageRejected named its sequence carry it in their id."""
 
@@ -115,8 +239,11 @@ def _rejected_seq_of_id(envelope_id: str) -> int:
 
 
 def _forget(state: State, pod: PodState) -> None:
+    """Drop a pod (already taken out of its node's queue and usage)."""
     state.pods.pop(pod.ref, None)
-    state.node(pod.node).pods.pop(pod.ref, None)
+    node = state.node(pod.node)
+    node.pods.pop(pod.ref, None)
+    _count_share(node, pod, -1)
 
 
 def _static_ended(pod: PodState) -> None:

@@ -16,11 +16,12 @@ way on a node (a victim has not released yet) no other is planned there.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpupool.core.placement import GpuUsage, fits, ready_queue, subtract
+from gpupool.core.placement import GpuUsage, fits, subtract
 from gpupool.core.state import NodeState, PodState, State
 from gpupool.events import PodRef, PreemptReason, Share
 
@@ -102,14 +103,13 @@ def plan_preemption(
     node = state.nodes.get(node_name)
     if node is None or node.policy != "share-pool" or not node.qos.preempt_enabled:
         return None
+    if not node.queue:  # the ready queue evolve keeps: nobody waits, nothing to plan
+        return None
+    head = state.pods[node.queue[0][4]]
+    if any(fits(used, head.limits) for used in usage.values()):
+        return None
     pods = state.pods_on(node_name)
     if any(pod.evicted_by is not None for pod in pods):
-        return None
-    queue = ready_queue(state, node_name)
-    if not queue:
-        return None
-    head = queue[0]
-    if any(fits(used, head.limits) for used in usage.values()):
         return None
     eligible: dict[int, list[PodState]] = {}
     reasons: dict[PodRef, PreemptReason] = {}
@@ -135,6 +135,40 @@ def plan_preemption(
         if best is None or rank < best[0]:
             best = (rank, plan)
     return None if best is None else best[1]
+
+
+class PreemptionDeadlines:
+    """The nodes' next ``next_preemption_check`` times in a heap, updated per node touched.
+
+    The preemption service updates only the nodes an event touched, then sleeps until
+    the earliest deadline: the cost after an event does not grow with the node count.
+    """
+
+    def __init__(self) -> None:
+        self._at: dict[str, datetime] = {}
+        self._heap: list[tuple[datetime, str]] = []
+
+    def update(self, state: State, node_name: str, now: datetime) -> None:
+        when = next_preemption_check(state, node_name, now)
+        if when is None:
+            self._at.pop(node_name, None)
+            return
+        if self._at.get(node_name) != when:
+            self._at[node_name] = when
+            heapq.heappush(self._heap, (when, node_name))
+
+    def earliest(self) -> tuple[datetime, str] | None:
+        """The earliest deadline and its node (stale heap entries are dropped on the way)."""
+        while self._heap:
+            when, node_name = self._heap[0]
+            if self._at.get(node_name) == when:
+                return when, node_name
+            heapq.heappop(self._heap)
+        return None
+
+    def passed(self, node_name: str) -> None:
+        """The node's deadline was acted on: forget it until the node is updated again."""
+        self._at.pop(node_name, None)
 
 
 def next_preemption_check(state: State, node_name: str, now: datetime) -> datetime | None:

@@ -48,6 +48,14 @@ class PodState:
         return self.phase == "running" and (self.evicted_by is not None or self.removed)
 
 
+NODE_INDEXES = ("queue", "usage", "shares")
+"""NodeState fields derived from the pods (kept by ``evolve``, computed by ``reindex``): a
+snapshot does not store them."""
+
+QueueKey = tuple[int, int, str, str, PodRef]
+"""(-priority, ready_order, namespace, name, pod): the ready-queue order (``queue_order_key``)."""
+
+
 @dataclass(slots=True)
 class NodeState:
     name: str
@@ -63,6 +71,13 @@ class NodeState:
     pods: dict[PodRef, None] = field(default_factory=dict)
     """Pods registered on this node, in registration order (a dict used as an ordered set)."""
     ready_counter: int = 0
+    queue: list[QueueKey] = field(default_factory=list)
+    """The ready queue, head first: a key per ready pod, kept sorted by ``evolve``."""
+    usage: dict[int, Share] = field(default_factory=dict)
+    """Per GPU index: the summed limits of the share-pool pods running there (kept by
+    ``evolve``; an index with nothing running has no entry)."""
+    shares: dict[Share, int] = field(default_factory=dict)
+    """How many registered share-pool pods have each limits share (the node's workload)."""
 
     @property
     def enabled(self) -> bool:

@@ -18,6 +18,7 @@ Everything JetStream-specific lives here; docs/eventlog.md explains the choices.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import re
@@ -50,6 +51,7 @@ from gpupool.eventlog.subjects import (
     node_subject_filter,
     subject_for,
     subject_matches,
+    writer_subject_filter,
     writer_token,
 )
 from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
@@ -74,7 +76,7 @@ MessageRejected), so the only entries delivered again and again are those whose
 handler keeps failing, which should stop the service loudly, not lose the event.
 """
 
-PULL_BATCH = 128
+PULL_BATCH = 1024
 PULL_EXPIRES_S = 30.0
 PULL_HEARTBEAT_S = 5.0
 UNEXPECTED_STATUS_BACKOFF_S = 0.1
@@ -84,7 +86,11 @@ REPLAY_BUFFER = 4096
 REQUEST_TIMEOUT_S = 5.0
 APPEND_RETRY_FOR_S = 30.0
 CONFLICT_SCAN_LIMIT = 64
-"""On a conflict, how many of the node's newer entries are searched for the envelope's own id."""
+"""On a conflict after a retried publish, how many of the node's newer entries are searched
+for the envelope's own id."""
+REMEMBERED_APPENDS = 4096
+"""How many of its latest appends (id -> sequence) a connection remembers, to answer a second
+append of one of them without asking the server."""
 
 ERR_WRONG_LAST_SEQUENCE = 10071
 ERR_STREAM_NAME_IN_USE = 10058
@@ -132,6 +138,7 @@ class JetStreamEventLog:
         self._closed = False
         self._subscriptions: set[JetStreamSubscription] = set()
         self._replays: dict[asyncio.Queue[Msg | None], NatsSubscription] = {}
+        self._appended: dict[str, int] = {}
 
     @classmethod
     async def connect(
@@ -218,30 +225,50 @@ class JetStreamEventLog:
         return await self.append_decision([envelope], expected_node_seq=expected_node_seq)
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
-        """One publish: a decision is one stream message, so it lands whole or not at all."""
+        """One publish: a decision is one stream message, so it lands whole or not at all.
+
+        With ``expected_writer`` the expectation covers only the node's entries on
+        ``<prefix>.<node>.<expected_writer>`` instead of all of the node's entries.
+        """
         self._check_open()
         if not envelopes:
             raise ValueError("a decision holds at least one envelope")
         envelope = envelopes[0]
         node = event_node(envelope.event)
         headers = {H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream}
-        node_filter = node_subject_filter(node, prefix=self.subject_prefix)
+        if expected_writer is None:
+            expectation = node_subject_filter(node, prefix=self.subject_prefix)
+        else:
+            expectation = writer_subject_filter(expected_writer, node, prefix=self.subject_prefix)
         if expected_node_seq is not None:
             headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_node_seq)
-            headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = node_filter
+            headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = expectation
         subject = entry_subject(envelopes, prefix=self.subject_prefix, writer=self.writer)
         data = encode_envelope(envelope) if len(envelopes) == 1 else encode_entry(list(envelopes))
+        retried: list[int] = []
         try:
-            ack = await self._publish(subject, data, headers)
+            ack = await self._publish(subject, data, headers, retried=retried)
         except nats.js.errors.APIError as exc:
             if exc.err_code != ERR_WRONG_LAST_SEQUENCE or expected_node_seq is None:
                 raise
             # The server checks expectations before duplicates: a retry of an append
             # that did land, or a second append of the same envelope, looks like a
-            # conflict. Find our own id among the node's newer entries first.
-            own = await self._find_by_id(node_filter, after=expected_node_seq, msg_id=envelope.id)
+            # conflict. An envelope this connection appended is remembered; only a
+            # publish that was retried (its first ack may be lost) needs a look at the
+            # node's newer entries. A plain conflict costs nothing more.
+            own = self._appended.get(envelope.id)
+            if own is None and retried:
+                own = await self._find_by_id(
+                    node_subject_filter(node, prefix=self.subject_prefix),
+                    after=expected_node_seq,
+                    msg_id=envelope.id,
+                )
             if own is not None:
                 return own
             match = _LAST_SEQUENCE.search(exc.description or "")
@@ -249,7 +276,14 @@ class JetStreamEventLog:
             raise ConcurrencyConflict(
                 node=node, expected=expected_node_seq, actual=actual
             ) from None
+        self._remember(envelope.id, ack.seq)
         return ack.seq
+
+    def _remember(self, envelope_id: str, seq: int) -> None:
+        """Keep the ids of the latest appends of this connection (see ``append_decision``)."""
+        self._appended[envelope_id] = seq
+        if len(self._appended) > REMEMBERED_APPENDS:
+            del self._appended[next(iter(self._appended))]
 
     async def append_many(
         self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
@@ -320,7 +354,15 @@ class JetStreamEventLog:
         ack = await self._publish(subject, data, {H_EXPECTED_STREAM: self.stream})
         return ack.seq
 
-    async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> api.PubAck:
+    async def _publish(
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str],
+        *,
+        retried: list[int] | None = None,
+    ) -> api.PubAck:
+        """Publish, retrying what may not have reached the server; each retry is noted in ``retried``."""
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + APPEND_RETRY_FOR_S
         delay = 0.05
@@ -330,6 +372,8 @@ class JetStreamEventLog:
             except _RETRYABLE as exc:
                 if self._closed or self._nc.is_closed or loop.time() + delay > give_up_at:
                     raise
+                if retried is not None:
+                    retried.append(1)
                 logger.warning("append to %s: %r; retrying in %.2fs", subject, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -566,6 +610,33 @@ class JetStreamSubscription:
         self._requested = 0
         self._unacked: dict[str, JetStreamDelivery] = {}
         self._closed = False
+        self._held: collections.deque[Msg | str | None] = collections.deque()
+        """Taken from the inbox by ``take_ready`` but not a delivery: for ``__anext__``."""
+
+    def take_ready(self, limit: int) -> list[Delivery]:
+        """Deliveries already received, at most ``limit``, without waiting (none: [])."""
+        taken: list[Delivery] = []
+        if self._closed or self._nats_subscription is None:
+            return taken
+        while len(taken) < limit and not self._held and not self._inbox.empty():
+            msg = self._inbox.get_nowait()
+            if (
+                isinstance(msg, Msg)
+                and msg.reply
+                and not (msg.headers and msg.headers.get("Status") is not None)
+            ):
+                taken.append(self._deliver(msg))
+            else:
+                self._held.append(msg)  # a status, a renewal, the end: __anext__ handles it
+        return taken
+
+    def _deliver(self, msg: Msg) -> JetStreamDelivery:
+        self._requested -= 1
+        delivery = JetStreamDelivery(
+            self, msg, read_entries(_stream_seq(msg), msg.subject, msg.data)
+        )
+        self._unacked[msg.reply] = delivery
+        return delivery
 
     def __aiter__(self) -> JetStreamSubscription:
         return self
@@ -613,7 +684,7 @@ class JetStreamSubscription:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that arrives together with a message (SIGTERM under a burst).
                 async with asyncio.timeout(2 * PULL_HEARTBEAT_S + 1):
-                    msg = await self._inbox.get()
+                    msg = self._held.popleft() if self._held else await self._inbox.get()
             except TimeoutError:
                 # Not even a heartbeat: the pull request was lost (reconnect). Ask again.
                 self._requested = 0
@@ -628,12 +699,7 @@ class JetStreamSubscription:
             assert isinstance(msg, Msg)
             status = msg.headers.get("Status") if msg.headers else None
             if status is None and msg.reply:
-                self._requested -= 1
-                delivery = JetStreamDelivery(
-                    self, msg, read_entries(_stream_seq(msg), msg.subject, msg.data)
-                )
-                self._unacked[msg.reply] = delivery
-                return delivery
+                return self._deliver(msg)
             if status == "100":
                 continue  # idle heartbeat
             if status in ("404", "408"):
@@ -655,8 +721,8 @@ class JetStreamSubscription:
             await _quietly(self._nats_subscription.unsubscribe(), "subscriber unsubscribe")
         for delivery in list(self._unacked.values()):
             await _quietly(delivery.nak(), "nak on close")
-        while not self._inbox.empty():
-            msg = self._inbox.get_nowait()
+        while self._held or not self._inbox.empty():
+            msg = self._held.popleft() if self._held else self._inbox.get_nowait()
             if isinstance(msg, Msg) and msg.reply and not (msg.headers and "Status" in msg.headers):
                 await _quietly(msg.nak(), "nak on close")
         self._inbox.put_nowait(None)

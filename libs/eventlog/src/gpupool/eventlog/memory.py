@@ -25,8 +25,9 @@ from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
     DEFAULT_WRITER,
     node_subject_filter,
-    subject_for,
+    node_token,
     subject_matches,
+    writer_subject_filter,
     writer_token,
 )
 from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
@@ -50,6 +51,9 @@ class InMemoryEventLog:
         self.writer = writer_token(writer)
         self._records: list[_Record] = []
         self._seq_by_id: dict[str, int] = {}
+        self._last_by_subject: dict[str, int] = {}
+        self._last_by_node: dict[str, int] = {}
+        """The last sequence on each subject, and on each node token's subjects."""
         self._consumers: dict[str, _MemoryConsumer] = {}
         self._appended = asyncio.Event()
         self._closed = False
@@ -57,26 +61,18 @@ class InMemoryEventLog:
     # ------------------------------------------------------------------ writing
 
     async def append(self, envelope: Envelope, *, expected_node_seq: int | None = None) -> int:
-        self._check_open()
-        known = self._seq_by_id.get(envelope.id)
-        if known is not None:
-            return known
-        subject = subject_for(envelope.event, prefix=self.subject_prefix, writer=self.writer)
-        if expected_node_seq is not None:
-            node = event_node(envelope.event)
-            actual = self._last_seq_matching(node_subject_filter(node, prefix=self.subject_prefix))
-            if actual != expected_node_seq:
-                raise ConcurrencyConflict(node=node, expected=expected_node_seq, actual=actual)
-        seq = self._store(subject, encode_envelope(envelope))
-        self._seq_by_id[envelope.id] = seq
-        return seq
+        return await self.append_decision([envelope], expected_node_seq=expected_node_seq)
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
         self._check_open()
-        if len(envelopes) == 1:
-            return await self.append(envelopes[0], expected_node_seq=expected_node_seq)
+        if not envelopes:
+            raise ValueError("a decision holds at least one envelope")
         subject = entry_subject(envelopes, prefix=self.subject_prefix, writer=self.writer)
         entry_id = envelopes[0].id
         known = self._seq_by_id.get(entry_id)
@@ -84,10 +80,18 @@ class InMemoryEventLog:
             return known
         if expected_node_seq is not None:
             node = event_node(envelopes[0].event)
-            actual = self._last_seq_matching(node_subject_filter(node, prefix=self.subject_prefix))
+            if expected_writer is None:
+                actual = self._last_by_node.get(node_token(node), 0)
+            else:
+                actual = self._last_by_subject.get(
+                    writer_subject_filter(expected_writer, node, prefix=self.subject_prefix), 0
+                )
             if actual != expected_node_seq:
                 raise ConcurrencyConflict(node=node, expected=expected_node_seq, actual=actual)
-        seq = self._store(subject, encode_entry(list(envelopes)))
+        data = (
+            encode_envelope(envelopes[0]) if len(envelopes) == 1 else encode_entry(list(envelopes))
+        )
+        seq = self._store(subject, data)
         self._seq_by_id[entry_id] = seq
         return seq
 
@@ -110,8 +114,13 @@ class InMemoryEventLog:
 
     def _store(self, subject: str, data: bytes) -> int:
         self._records.append(_Record(subject, data))
+        seq = len(self._records)
+        self._last_by_subject[subject] = seq
+        token = subject[len(self.subject_prefix) + 1 :].split(".", 1)
+        if len(token) == 2:  # <prefix>.<node_token>.<...>: the node's entries
+            self._last_by_node[token[0]] = seq
         self._wake()
-        return len(self._records)
+        return seq
 
     def _wake(self) -> None:
         """Wake every subscriber waiting for something to deliver."""
@@ -161,12 +170,6 @@ class InMemoryEventLog:
     def _check_open(self) -> None:
         if self._closed:
             raise EventLogClosed("the in-memory event log is closed")
-
-    def _last_seq_matching(self, subject_filter: str) -> int:
-        for seq in range(len(self._records), 0, -1):
-            if subject_matches(self._records[seq - 1].subject, subject_filter):
-                return seq
-        return 0
 
     def _entries(self, seq: int) -> tuple[Entry, ...]:
         record = self._records[seq - 1]
@@ -257,6 +260,19 @@ class MemorySubscription:
                 self._unacked[seq] = delivery
                 return delivery
             await appended.wait()
+
+    def take_ready(self, limit: int) -> list[Delivery]:
+        """Deliveries available now, at most ``limit``, without waiting."""
+        taken: list[Delivery] = []
+        while len(taken) < limit and not self._closed and not self._log._closed:
+            seq = self._consumer.next_seq(self._log)
+            if seq is None:
+                break
+            delivery = MemoryDelivery(self, self._log._entries(seq))
+            self._consumer.outstanding.add(seq)
+            self._unacked[seq] = delivery
+            taken.append(delivery)
+        return taken
 
     async def __aenter__(self) -> MemorySubscription:
         return self

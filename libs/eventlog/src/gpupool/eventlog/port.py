@@ -109,6 +109,13 @@ class Subscription(Protocol):
 
     async def __anext__(self) -> Delivery: ...
 
+    def take_ready(self, limit: int) -> list[Delivery]:
+        """The deliveries that can be handed out now, at most ``limit``, without waiting.
+
+        A consumer takes one delivery with ``__anext__`` and then everything already
+        received with this, to fold it all before deciding (batched consumption)."""
+        ...
+
     async def aclose(self) -> None: ...
 
     async def __aenter__(self) -> Subscription: ...
@@ -118,6 +125,9 @@ class Subscription(Protocol):
 
 class EventLog(Protocol):
     """The append-only log of gpupool: ordered, replayable, deduplicated by envelope id."""
+
+    writer: str
+    """The writer token of the subjects this log appends on (``<prefix>.<node>.<writer>``)."""
 
     async def append(self, envelope: Envelope, *, expected_node_seq: int | None = None) -> int:
         """Append one envelope and return its stream sequence.
@@ -130,13 +140,20 @@ class EventLog(Protocol):
         ...
 
     async def append_decision(
-        self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None
+        self,
+        envelopes: Sequence[Envelope],
+        *,
+        expected_node_seq: int | None = None,
+        expected_writer: str | None = None,
     ) -> int:
         """Append the envelopes of one decision as ONE entry (all or nothing); return its sequence.
 
         All envelopes must be for one node. One envelope is written as a plain
         envelope entry, several as a decision entry (docs/eventlog.md). The entry is
         deduplicated by the first envelope's id; ``expected_node_seq`` as for ``append``.
+        With ``expected_writer`` the expectation is narrowed to the node's entries by
+        that writer (``<prefix>.<node>.<writer>``): ``expected_node_seq`` is then the
+        last sequence on that subject (0: none yet).
         """
         ...
 

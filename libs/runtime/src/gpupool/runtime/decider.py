@@ -2,10 +2,12 @@
 
 * **rebuild**: fold the whole log (ordered replay) into a Projection.
 * **consume**: a durable subscription per service instance (each replica folds
-  every entry; the durable lets a restarted instance resume where it acked).
+  every entry; the durable lets a restarted instance resume where it acked), in
+  batches: everything already delivered is folded before the service reacts.
 * **decide + append**: ``execute`` runs ``core.decide`` on the projection and
-  appends the events, as ONE entry (all or nothing), with the node's last sequence as the optimistic-concurrency
-  expectation. If another writer (a second replica) got there first, the append
+  appends the events, as ONE entry (all or nothing), with an optimistic-concurrency
+  expectation on the entries that could make the decision wrong
+  (:func:`expectation_writer`: one writer's subject of the node, or the whole node). If another writer (a second replica) got there first, the append
   fails with ConcurrencyConflict: the loop catches up from the log and decides
   again, so two replicas can never both commit conflicting decisions.
 * **bad input**: an undecodable entry is set aside as a MessageRejected event
@@ -22,7 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
-from gpupool.core import Command, decide
+from gpupool.core import Command, ReportRelease, RequestGpu, Schedule, decide
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
     Entry,
@@ -31,8 +33,16 @@ from gpupool.eventlog.port import (
     Undecodable,
     rejection_envelope,
 )
-from gpupool.eventlog.subjects import node_of_subject
-from gpupool.events import Envelope, Event, encode_envelope, event_node
+from gpupool.eventlog.subjects import node_of_subject, writer_of_subject
+from gpupool.events import (
+    NODELESS,
+    Envelope,
+    Event,
+    PodReady,
+    Released,
+    encode_envelope,
+    event_node,
+)
 from gpupool.runtime.projection import Projection, Refused
 
 
@@ -50,12 +60,53 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 Reaction = Callable[[StoredEvent], Awaitable[None]]
+BatchReaction = Callable[[list[StoredEvent]], Awaitable[None]]
+
+CONSUME_BATCH = 1024
+"""At most this many deliveries are folded before the service reacts to them."""
 
 MAX_CONFLICT_RETRIES = 100
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+_QUEUE_ENTRIES = (PodReady, Released)
+"""What a node-executor decides for a pod's queue membership (a rejection is decided node-wide:
+it may rest on an entry not yet seen, e.g. a registration that just landed)."""
+
+
+def expectation_writer(command: Command, events: list[Event], writer: str) -> str | None:
+    """The writer whose entries on the node a decision's expectation covers; None: all of them.
+
+    docs/eventlog.md gives the argument. A share-pool ``Assigned`` (only ``Schedule``
+    decides one) can be made wrong only by another claim on the node's GPUs, and
+    every share-pool claim is an admission-queue's: the expectation covers
+    ``<node>.admission-queue``. A node-executor's PodReady / Released / PodRejected
+    can be made wrong by none of the others' entries (only its own decide a pod's
+    queue membership): ``<node>.node-executor``. A rejection may rest on an entry not
+    yet seen (a registration that just landed), so it is decided node-wide. Everything else (configuration,
+    registration and static bindings, inventory, preemption) keeps the node-wide
+    expectation.
+    """
+    if isinstance(command, Schedule):
+        return writer
+    if isinstance(command, RequestGpu | ReportRelease) and all(
+        isinstance(event, _QUEUE_ENTRIES) for event in events
+    ):
+        return writer
+    return None
+
+
+def last_entry_per_node(entries: list[StoredEvent]) -> dict[str, Envelope]:
+    """The nodes a batch of events touched (in order of first touch), each with its last event."""
+    touched: dict[str, Envelope] = {}
+    for entry in entries:
+        node = event_node(entry.envelope.event)
+        if node != NODELESS:
+            touched[node] = entry.envelope
+    return touched
 
 
 class DeciderLoop:
@@ -83,6 +134,8 @@ class DeciderLoop:
         """(sequence, index) of others' events folded by a catch-up, not yet reacted to."""
         self._refusals: list[Undecodable] = []
         """Envelopes the projection refused (admission_check), to record as MessageRejected."""
+        self.writer: str = event_log.writer
+        """The writer token of this service's entries (the log's)."""
         self.consume_from = self.projection.last_seq + 1
         """Where the durable starts: after the rebuild (catch-ups and own appends beyond it
         are delivered, and reacted to only if a catch-up folded them)."""
@@ -128,12 +181,18 @@ class DeciderLoop:
         """Fold one entry (one event of an entry) unless it was folded before."""
         if isinstance(entry, StoredEvent):
             new = self.projection.apply(
-                entry.seq, entry.envelope, index=entry.index, last=entry.last
+                entry.seq,
+                entry.envelope,
+                index=entry.index,
+                last=entry.last,
+                writer=writer_of_subject(entry.subject),
             )
             for refused in self.projection.take_refused():
                 self._refusals.append(refusal_entry(entry.subject, refused))
             return new
-        return self.projection.skip(entry.seq, node_of_subject(entry.subject))
+        return self.projection.skip(
+            entry.seq, node_of_subject(entry.subject), writer_of_subject(entry.subject)
+        )
 
     async def _record_refusals(self) -> None:
         """Set aside what the projection refused, once per entry (after folding to the end)."""
@@ -200,17 +259,26 @@ class DeciderLoop:
                     raise ValueError(
                         f"decided event for {event_node(event)!r} while executing for {node!r}"
                     )
+            scope = expectation_writer(command, events, self.writer)
             try:
                 # One decision, one entry: it lands whole or not at all.
                 seq = await self.log.append_decision(
-                    envelopes, expected_node_seq=self.projection.expected_node_seq(node)
+                    envelopes,
+                    expected_node_seq=self.projection.expected_node_seq(node, scope),
+                    expected_writer=scope,
                 )
             except ConcurrencyConflict as conflict:
                 self.conflicts += 1
+                if (
+                    scope is not None
+                    and conflict.actual is not None
+                    and self.projection.learn_writer_seq(node, scope, conflict.actual)
+                ):
+                    continue  # nothing unseen: only the subject's number was missing
                 log.info("%s: %s; catching up and deciding again", self.service, conflict)
                 await self._catch_up()
                 continue
-            self.projection.apply_entry(seq, envelopes)
+            self.projection.apply_entry(seq, envelopes, writer=self.writer)
             return events
         raise RuntimeError(
             f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"
@@ -236,8 +304,16 @@ class DeciderLoop:
                 await self._set_aside(garbage)
         await self._record_refusals()
 
-    async def consume(self, durable: str, react: Reaction) -> None:
-        """Fold live entries and react to each event; ack after the reaction committed.
+    async def consume(
+        self, durable: str, react: Reaction, *, react_batch: BatchReaction | None = None
+    ) -> None:
+        """Fold live entries and react to them; ack after the reactions committed.
+
+        Batched: after each delivery it waited for, the loop takes every delivery
+        already received (up to :data:`CONSUME_BATCH`), folds them all, then reacts
+        once: ``react_batch`` with every new event of the batch, in log order (a
+        service decides once per node touched), or ``react`` for each event. The
+        batch's acks follow its reactions (at-least-once), sent without waiting.
 
         The durable starts (or, if it lags, restarts) right after the last entry the
         rebuild folded, so a restarted service is not handed the replayed log again.
@@ -246,12 +322,22 @@ class DeciderLoop:
         try:
             self.ready = True
             async for delivery in subscription:
-                # fold the whole entry first: reactions never see a decision in part
-                reactions = [entry for entry in delivery.entries if await self._take(entry)]
-                for entry in reactions:
-                    assert isinstance(entry, StoredEvent)
-                    await react(entry)
-                await delivery.ack()
+                deliveries = [delivery, *subscription.take_ready(CONSUME_BATCH - 1)]
+                # fold the whole batch first: reactions never see a decision in part
+                reactions: list[StoredEvent] = []
+                for taken in deliveries:
+                    for entry in taken.entries:
+                        if await self._take(entry):
+                            assert isinstance(entry, StoredEvent)
+                            reactions.append(entry)
+                if reactions:
+                    if react_batch is not None:
+                        await react_batch(reactions)
+                    else:
+                        for entry in reactions:
+                            await react(entry)
+                for taken in deliveries:
+                    await taken.ack()
         finally:
             self.ready = False
             await subscription.aclose()

@@ -71,6 +71,9 @@ class Projection:
     """Envelopes not applied since the owner last took them (``take_refused``): see
     ``gpupool.core.admission_check``. They still count as applied (their sequence is passed).
     A reader that never takes them keeps only the last MAX_PENDING_REFUSALS."""
+    writer_seq: dict[tuple[str, str], int] = field(default_factory=dict)
+    """The last sequence folded on each (node, writer token) subject: the expectation of a
+    decision whose expectation is narrowed to one writer (docs/eventlog.md)."""
 
     def applied(self, seq: int, index: int = 0) -> bool:
         if seq <= self.last_seq or seq in self.ahead:
@@ -79,12 +82,22 @@ class Projection:
             self.open_entry is not None and self.open_entry[0] == seq and index < self.open_entry[1]
         )
 
-    def apply(self, seq: int, envelope: Envelope, *, index: int = 0, last: bool = True) -> bool:
+    def apply(
+        self,
+        seq: int,
+        envelope: Envelope,
+        *,
+        index: int = 0,
+        last: bool = True,
+        writer: str | None = None,
+    ) -> bool:
         """Fold one logged envelope; False if it was already applied.
 
         The envelopes of a decision entry share its sequence: ``index`` and ``last``
         say which one this is (see ``StoredEvent``); the entry counts as applied once
-        its last envelope is.
+        its last envelope is. ``writer`` is the writer token of the entry's subject.
+
+        This is the one place a decoded entry is folded into the state.
         """
         if self.applied(seq, index):
             return False
@@ -102,17 +115,23 @@ class Projection:
             self.envelope_ids.add(envelope.id)
         if last:
             self.open_entry = None
-            self._mark(seq, event_node(envelope.event))
+            self._mark(seq, event_node(envelope.event), writer)
         else:
             self.open_entry = (seq, index + 1)
         return True
 
-    def apply_entry(self, seq: int, envelopes: list[Envelope] | tuple[Envelope, ...]) -> bool:
+    def apply_entry(
+        self,
+        seq: int,
+        envelopes: list[Envelope] | tuple[Envelope, ...],
+        *,
+        writer: str | None = None,
+    ) -> bool:
         """Fold every envelope of one entry (a decision this process appended)."""
         new = False
         last = len(envelopes) - 1
         for index, envelope in enumerate(envelopes):
-            new = self.apply(seq, envelope, index=index, last=index == last) or new
+            new = self.apply(seq, envelope, index=index, last=index == last, writer=writer) or new
         return new
 
     def take_refused(self) -> list[Refused]:
@@ -121,7 +140,7 @@ class Projection:
         self.refused.clear()
         return refused
 
-    def skip(self, seq: int, node: str | None) -> bool:
+    def skip(self, seq: int, node: str | None, writer: str | None = None) -> bool:
         """Account for an entry that could not be decoded (it still occupies its sequence).
 
         ``node`` is the node its subject names, if any: the entry counts as that
@@ -130,12 +149,15 @@ class Projection:
         if self.applied(seq):
             return False
         self.undecodable += 1
-        self._mark(seq, node)
+        self._mark(seq, node, writer)
         return True
 
-    def _mark(self, seq: int, node: str | None) -> None:
+    def _mark(self, seq: int, node: str | None, writer: str | None = None) -> None:
         if node is not None:
             self.node_seq[node] = max(seq, self.node_seq.get(node, 0))
+            if writer is not None:
+                key = (node, writer)
+                self.writer_seq[key] = max(seq, self.writer_seq.get(key, 0))
         if seq == self.last_seq + 1:
             self.last_seq = seq
             while self.last_seq + 1 in self.ahead:
@@ -144,9 +166,23 @@ class Projection:
         else:
             self.ahead.add(seq)
 
-    def expected_node_seq(self, node: str) -> int:
-        """The sequence a decider expects to be the node's last when it appends (0: none yet)."""
-        return self.node_seq.get(node, 0)
+    def expected_node_seq(self, node: str, writer: str | None = None) -> int:
+        """The sequence a decider expects to be the node's last when it appends (0: none yet);
+        with ``writer``, the last of the node's entries by that writer."""
+        if writer is None:
+            return self.node_seq.get(node, 0)
+        return self.writer_seq.get((node, writer), 0)
+
+    def learn_writer_seq(self, node: str, writer: str, seq: int) -> bool:
+        """Take ``seq`` as the last of ``node``'s entries by ``writer`` if that entry is folded.
+
+        A conflict names the subject's actual last sequence; when it is already folded (a
+        snapshot taken before ``writer_seq`` was kept), nothing is missing but the number.
+        """
+        if seq <= self.writer_seq.get((node, writer), 0) or not self.applied(seq):
+            return False
+        self.writer_seq[(node, writer)] = seq
+        return True
 
     def to_snapshot(self) -> Snapshot:
         """Everything folded so far (observers are code, not state: they are not included)."""
@@ -157,6 +193,7 @@ class Projection:
             undecodable=self.undecodable,
             ahead=sorted(self.ahead),
             open_entry=self.open_entry,
+            writer_seq=[(node, writer, seq) for (node, writer), seq in self.writer_seq.items()],
             state=state_record(self.state),
             statistics=None if self.statistics is None else self.statistics.copy(),
             applied_ids=self.envelope_ids.to_list(),
@@ -172,6 +209,7 @@ class Projection:
             undecodable=snapshot.undecodable,
             ahead=set(snapshot.ahead),
             open_entry=snapshot.open_entry,
+            writer_seq={(node, writer): seq for node, writer, seq in snapshot.writer_seq},
             statistics=None if snapshot.statistics is None else snapshot.statistics.copy(),
             envelope_ids=EnvelopeIds(snapshot.applied_ids),
         )

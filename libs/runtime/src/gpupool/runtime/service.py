@@ -1,7 +1,8 @@
 """The composition root shared by the services: settings, wiring, graceful SIGTERM.
 
 A service is a small object with ``start`` (after the rebuild: reconcile, start
-timers) and ``react`` (after each new event). ``serve`` owns every resource in an
+timers) and ``react`` (after each new event), or, if it has one, ``react_batch``
+(once per batch of new events the consumer folded together). ``serve`` owns every resource in an
 AsyncExitStack; SIGTERM or SIGINT sets an event and the service drains: the
 consumer stops, in-flight work finishes, connections close.
 """
@@ -226,7 +227,11 @@ async def run_service(
         )
         await service.start(loop, stack)
         consumer = asyncio.create_task(
-            loop.consume(f"{service.name}-{options.instance}", service.react)
+            loop.consume(
+                f"{service.name}-{options.instance}",
+                service.react,
+                react_batch=getattr(service, "react_batch", None),
+            )
         )
         if snapshots is not None:
             store = snapshots

@@ -23,6 +23,7 @@ from datetime import datetime
 import msgspec
 
 from gpupool.core import NodeState, Phase, PodState, State
+from gpupool.core.evolve import reindex
 from gpupool.events import GpuInfo, InventorySource, PodRef, Policy, PreemptReason, QosConfig, Share
 from gpupool.runtime.statistics import LogStatistics
 
@@ -93,6 +94,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     applied_ids: list[str] = []
     """The last envelope ids applied, oldest first (``Projection.envelope_ids``: replays);
     empty in snapshots written before it."""
+    writer_seq: list[tuple[str, str, int]] = []
+    """(node, writer token, last sequence) of each subject folded (see ``Projection.writer_seq``)."""
 
 
 class _FormatProbe(msgspec.Struct):
@@ -181,11 +184,14 @@ def state_record(state: State) -> StateRecord:
 
 
 def state_from_record(record: StateRecord) -> State:
-    return State(
-        nodes={node.name: node_state(node) for node in record.nodes},
-        pods={pod.ref: pod_state(pod) for pod in record.pods},
-        rejected_messages=record.rejected_messages,
-        rejected_sequences=set(record.rejected_sequences),
+    """The state a record holds, with the node indexes ``evolve`` keeps computed again."""
+    return reindex(
+        State(
+            nodes={node.name: node_state(node) for node in record.nodes},
+            pods={pod.ref: pod_state(pod) for pod in record.pods},
+            rejected_messages=record.rejected_messages,
+            rejected_sequences=set(record.rejected_sequences),
+        )
     )
 
 

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from gpupool.core import State
+from gpupool.core import State, assignment_holds
 from gpupool.events import (
     Assigned,
     Envelope,
@@ -132,6 +132,8 @@ class LogStatistics(msgspec.Struct, kw_only=True):
         if type(event) is PodReady:
             return
         if type(event) is Assigned:
+            if not assignment_holds(state, event):
+                return  # folded as a no-op (its pod left the queue first): nothing assigned
             stats = self.nodes.get(event.node) or self.node(event.node)
             stats.assignments += 1
             self._end_wait(state, event.pod, envelope.time)

@@ -8,12 +8,13 @@ on scrape from its projection.
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AsyncExitStack
 
 from gpupool.core import Schedule
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import NODELESS, Envelope
-from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.decider import DeciderLoop, last_entry_per_node
 
 
 class AdmissionQueue:
@@ -31,6 +32,12 @@ class AdmissionQueue:
         node = entry.envelope.event.node
         if node != NODELESS:
             await self._schedule(node, entry.envelope)
+
+    async def react_batch(self, entries: list[StoredEvent]) -> None:
+        """After a batch of events: decide once for each node they touched, nodes concurrently."""
+        await asyncio.gather(
+            *(self._schedule(node, cause) for node, cause in last_entry_per_node(entries).items())
+        )
 
     async def _schedule(self, node: str, cause: Envelope | None) -> None:
         assert self._loop is not None

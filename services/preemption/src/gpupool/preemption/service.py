@@ -13,10 +13,10 @@ import asyncio
 import logging
 from contextlib import AsyncExitStack, suppress
 
-from gpupool.core import PlanPreemption, next_preemption_check
+from gpupool.core import PlanPreemption, PreemptionDeadlines
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import NODELESS, Envelope
-from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.decider import DeciderLoop, last_entry_per_node
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,15 @@ class PreemptionService:
     def __init__(self) -> None:
         self._loop: DeciderLoop | None = None
         self._changed = asyncio.Event()
+        self._deadlines = PreemptionDeadlines()
+        self._touched: set[str] = set()
+        """Nodes whose deadline the timer recomputes at its next pass (all of them at start)."""
 
     async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
         self._loop = loop
         for node in sorted(loop.projection.state.nodes):
             await self._plan(node, None)
+        self._touched.update(loop.projection.state.nodes)
         timer = loop.background(self._timer(), name="preemption-timer")
 
         async def stop_timer() -> None:
@@ -45,7 +49,15 @@ class PreemptionService:
         node = entry.envelope.event.node
         if node != NODELESS:
             await self._plan(node, entry.envelope)
+            self._touched.add(node)
             self._changed.set()
+
+    async def react_batch(self, entries: list[StoredEvent]) -> None:
+        """After a batch of events: plan once for each node they touched, nodes concurrently."""
+        touched = last_entry_per_node(entries)
+        await asyncio.gather(*(self._plan(node, cause) for node, cause in touched.items()))
+        self._touched.update(touched)
+        self._changed.set()
 
     async def _plan(self, node: str, cause: Envelope | None) -> None:
         assert self._loop is not None
@@ -54,26 +66,31 @@ class PreemptionService:
             log.info("preemption: %s", event)
 
     async def _timer(self) -> None:
-        """Sleep until the earliest podMaxDurationMinutes crossing on any node, or a change."""
+        """Sleep until the earliest podMaxDurationMinutes crossing on any node, or a change.
+
+        After a change only the nodes touched since the last pass get their deadline
+        computed again (a heap keeps the rest): a pass costs what changed, not the node count.
+        """
         assert self._loop is not None
         loop = self._loop
         while True:
             now = loop.clock()
-            due = {
-                node: when
-                for node in loop.projection.state.nodes
-                if (when := next_preemption_check(loop.projection.state, node, now)) is not None
-            }
-            self._changed.clear()
-            if not due:
+            self._changed.clear()  # before taking the touched nodes: a later change wakes us
+            touched, self._touched = self._touched, set()
+            for node in touched:
+                self._deadlines.update(loop.projection.state, node, now)
+            earliest = self._deadlines.earliest()
+            if earliest is None:
                 await self._changed.wait()
                 continue
-            node, when = min(due.items(), key=lambda item: item[1])
+            when, node = earliest
             delay = max(0.0, (when - now).total_seconds())
             try:
                 async with asyncio.timeout(delay):  # not wait_for: it can lose a cancellation
                     await self._changed.wait()
-                continue  # something changed: recompute the deadlines
+                continue  # something changed: recompute the touched nodes' deadlines
             except TimeoutError:
                 pass
+            self._deadlines.passed(node)
+            self._touched.add(node)
             await self._plan(node, None)

@@ -1,0 +1,517 @@
+"""Decisions at the speed of the log: the decision-speed table, each figure beside a raw
+baseline measured in the same run, the ratio and the goal; then the scaling tables.
+
+    .venv/bin/python bench/bench_decisions.py [--burst 2000] [--latency 300]
+
+On one local nats-server (a fresh stream per measurement), in this process, with the
+services' own code (``DeciderLoop``, ``AdmissionQueue``, each writer on its own
+connection, as the services run):
+
+* latency: a node-executor makes a pod ready (``RequestGpu`` -> PodReady appended);
+  the admission-queue, following the log, decides and appends the Assigned; an
+  observer (an ordered consumer) times the Assigned's arrival. From PodReady stored
+  (its append acknowledged) to Assigned stored (arrived at the observer). Baseline:
+  one raw JetStream publish -> arrival at an ordered consumer, same server.
+* burst: N PodReady appended at once (pipelined) through one admission-queue on
+  1, 16, 256, 1,024 nodes: placements per second from the first PodReady sent to the
+  last Assigned folded. Baseline: the raw ``publish_async`` ceiling, the same N
+  messages pipelined on the same server.
+* core: ``Schedule`` with the head blocked (bench_core's state) at 100, 1,000, 10,000
+  waiting, decisions per second; and a burst of N PodReady, each folded and followed
+  by a Schedule, for N = 100, 1,000, 3,000 (linear: the per-event cost stays flat).
+* preemption timer pass: the deadlines the preemption service computes after an
+  event (``next_preemption_check`` for every node), at 1, 16, 256, 1,024 nodes.
+
+* rebuild: bench_rebuild's log folded from zero in memory (decode + fold, with the
+  metrics), against decoding it alone.
+* simulate: the core's Simulator (what ``gpupool simulate`` runs) on 16 nodes x 16
+  GPUs, each pod made ready twice: events per CPU-second.
+
+The rebuild row is measured by bench_rebuild.py (docs/benchmarks.md). Prints
+tables; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+from nats.aio.msg import Msg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_core import build_state, rate
+from gpupool.admission_queue.service import AdmissionQueue
+from gpupool.core import (
+    ReportRelease,
+    RequestGpu,
+    Schedule,
+    State,
+    decide,
+    evolve,
+    next_preemption_check,
+)
+
+try:  # absent before the incremental core: the same bench then measures the old code
+    from gpupool.core import PreemptionDeadlines, assignment_holds
+except ImportError:  # pragma: no cover
+    PreemptionDeadlines = None  # type: ignore[assignment,misc]
+
+    def assignment_holds(state: State, event: Assigned) -> bool:  # type: ignore[misc]
+        pod = state.pods.get(event.pod)
+        return pod is not None and pod.phase == "ready"
+
+
+from gpupool.eventlog import JetStreamEventLog
+from gpupool.eventlog.nats_server import run_nats_server
+from gpupool.events import (
+    Assigned,
+    Envelope,
+    Event,
+    GpuInfo,
+    GpuInventoryReported,
+    NodeConfigured,
+    PodReady,
+    PodRef,
+    PodRegistered,
+    QosConfig,
+    Share,
+)
+from gpupool.runtime.decider import DeciderLoop
+
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
+ms = 1000.0
+
+
+def wrap(event: Event) -> Envelope:
+    return Envelope(id=uuid.uuid4().hex, time=NOW, event=event)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def node_setup(node: str, gpus: int) -> list[Event]:
+    return [
+        GpuInventoryReported(
+            node=node,
+            gpus=tuple(GpuInfo(index=i, uuid=f"GPU-{node}-{i}", memory_mib=1) for i in range(gpus)),
+            source="simulated",
+        ),
+        NodeConfigured(node=node, policy="share-pool", qos=QosConfig(), gpu_count=gpus),
+    ]
+
+
+def registration(pod: PodRef, node: str, limit: int) -> PodRegistered:
+    return PodRegistered(
+        pod=pod,
+        node=node,
+        policy="share-pool",
+        requests=Share(core=1, memory=1),
+        limits=Share(core=limit, memory=limit),
+        priority=0,
+        uid=pod.name,
+    )
+
+
+class Server:
+    """Fresh streams on one nats-server; one connection per writer on each."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.opened: list[JetStreamEventLog] = []
+
+    async def stream(self, *writers: str) -> list[JetStreamEventLog]:
+        token = uuid.uuid4().hex[:8]
+        logs = []
+        for writer in writers:
+            log = await JetStreamEventLog.connect(
+                self.url,
+                stream=f"BENCH_{token}",
+                subject_prefix=f"bench_{token}.log",
+                writer=writer.split("#")[0],
+            )
+            logs.append(log)
+            self.opened.append(log)
+        return logs
+
+    async def close(self) -> None:
+        for log in self.opened:
+            await log.close()
+        self.opened.clear()
+
+
+async def raw_round_trip(url: str, count: int) -> list[float]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    subject = f"rtt_{uuid.uuid4().hex[:8]}"
+    await js.add_stream(name=subject.upper(), subjects=[subject])
+    arrived: asyncio.Queue[float] = asyncio.Queue()
+
+    async def on_msg(msg: Msg) -> None:
+        arrived.put_nowait(time.perf_counter())
+
+    await js.subscribe(subject, cb=on_msg, ordered_consumer=True)
+    samples = []
+    for _ in range(count):
+        sent = time.perf_counter()
+        await js.publish(subject, b"x")
+        samples.append((await arrived.get()) - sent)
+    await nc.close()
+    return samples
+
+
+async def raw_publish_async(url: str, count: int) -> float:
+    """The ceiling: ``count`` messages pipelined with publish_async, msgs/s."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    subject = f"pa_{uuid.uuid4().hex[:8]}"
+    await js.add_stream(name=subject.upper(), subjects=[subject])
+    payload = b"x" * 300
+    started = time.perf_counter()
+    futures = [await js.publish_async(subject, payload) for _ in range(count)]
+    await asyncio.gather(*futures)
+    elapsed = time.perf_counter() - started
+    await nc.close()
+    return count / elapsed
+
+
+async def latency(server: Server, rounds: int) -> list[float]:
+    """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node."""
+    setup, executor_log, admission_log = await server.stream(
+        "policy", "node-executor", "admission-queue"
+    )
+    pods = [PodRef(namespace="bench", name=f"p{i:04d}") for i in range(rounds)]
+    await setup.append_many(
+        [wrap(e) for e in node_setup("n", 1)] + [wrap(registration(p, "n", 100)) for p in pods]
+    )
+    nc = await nats.connect(server.url)
+    js = nc.jetstream()
+    arrived: dict[PodRef, float] = {}
+    got = asyncio.Event()
+
+    async def on_msg(msg: Msg) -> None:
+        if b'"Assigned"' in msg.data:
+            for pod in pods:
+                if f'"name":"{pod.name}"'.encode() in msg.data:
+                    arrived[pod] = time.perf_counter()
+                    got.set()
+
+    await js.subscribe(
+        f"{setup.subject_prefix}.*.admission-queue",
+        stream=setup.stream,
+        cb=on_msg,
+        ordered_consumer=True,
+    )
+    executor = DeciderLoop(executor_log, service="node-executor")
+    admission = DeciderLoop(admission_log, service="admission-queue")
+    await executor.rebuild()
+    await admission.rebuild()
+    service = AdmissionQueue()
+    async with AsyncExitStack() as stack:
+        await service.start(admission, stack)
+        consumer = asyncio.create_task(consume(admission, service))
+        folded = asyncio.Event()
+
+        async def executor_folded(_: object) -> None:
+            folded.set()
+
+        follower = asyncio.create_task(executor.consume("bench-ex", executor_folded))
+        samples = []
+        for pod in pods:
+            got.clear()
+            await executor.execute(RequestGpu(pod=pod, node="n"), node="n")
+            stored = time.perf_counter()
+            while pod not in arrived:
+                await got.wait()
+                got.clear()
+            samples.append(arrived[pod] - stored)
+            # the executor folds the Assigned before it releases the pod
+            while executor.projection.state.pods[pod].phase != "running":
+                folded.clear()
+                await folded.wait()
+            await executor.execute(ReportRelease(pod=pod, node="n", reason="completed"), node="n")
+        for task in (consumer, follower):
+            task.cancel()
+        await asyncio.gather(consumer, follower, return_exceptions=True)
+    await nc.close()
+    return samples
+
+
+async def consume(loop: DeciderLoop, service: AdmissionQueue) -> None:
+    batch = getattr(service, "react_batch", None)
+    if batch is None:  # before batched consumption
+        await loop.consume("bench-aq", service.react)
+    else:
+        await loop.consume("bench-aq", service.react, react_batch=batch)
+
+
+async def burst(server: Server, pods: int, nodes: int) -> tuple[float, int]:
+    """Placements per second of one admission-queue for a burst of ``pods`` PodReady."""
+    gpus = max(1, -(-pods // nodes // 100))
+    setup, executor_log, admission_log = await server.stream(
+        "policy", "node-executor", "admission-queue"
+    )
+    names = [f"b{i:05d}-{i % nodes:04d}" for i in range(pods)]
+    refs = [PodRef(namespace="bench", name=name) for name in names]
+    node_of = {ref: f"node-{i % nodes:04d}" for i, ref in enumerate(refs)}
+    events: list[Event] = [e for n in range(nodes) for e in node_setup(f"node-{n:04d}", gpus)]
+    events += [registration(ref, node_of[ref], 1) for ref in refs]
+    await setup.append_many([wrap(e) for e in events])
+    admission = DeciderLoop(admission_log, service="admission-queue")
+    held = 0
+    done = asyncio.Event()
+
+    def count(state: State, folded: Envelope, _: int) -> None:
+        nonlocal held
+        event = folded.event
+        if type(event) is Assigned and assignment_holds(state, event):
+            held += 1
+            if held == pods:
+                done.set()
+
+    admission.projection.observers.append(count)
+    await admission.rebuild()
+    service = AdmissionQueue()
+    async with AsyncExitStack() as stack:
+        await service.start(admission, stack)
+        consumer = asyncio.create_task(consume(admission, service))
+        ready = [wrap(PodReady(pod=ref, node=node_of[ref])) for ref in refs]
+        started = time.perf_counter()
+        await executor_log.append_many(ready)
+        try:
+            async with asyncio.timeout(120):
+                await done.wait()
+        except TimeoutError:
+            pass
+        elapsed = time.perf_counter() - started
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+    await server.close()
+    return held / elapsed, admission.conflicts
+
+
+def core_burst(pods: int) -> float:
+    """Seconds to fold a burst of ``pods`` PodReady, each followed by a Schedule (head blocked)."""
+    state = build_state(0)
+    node = next(iter(state.nodes))
+    refs = [PodRef(namespace="bench", name=f"burst-{i:05d}") for i in range(pods)]
+    for index, ref in enumerate(refs):
+        evolve(state, Envelope(id=f"r{index}", time=NOW, event=registration(ref, node, 100)))
+    started = time.perf_counter()
+    for index, ref in enumerate(refs):
+        evolve(state, Envelope(id=f"ready-{index}", time=NOW, event=PodReady(pod=ref, node=node)))
+        decide(state, Schedule(node=node), NOW)
+    return time.perf_counter() - started
+
+
+def simulated(pods: int) -> tuple[int, float]:
+    """``gpupool simulate`` (the core's Simulator) on 16 nodes x 16 GPUs: (events, cpu s)."""
+    from gpupool.core.simulation import (
+        Scenario,
+        ScenarioAction,
+        ScenarioNode,
+        ScenarioPod,
+        ScenarioShare,
+        simulate,
+    )
+
+    nodes = [ScenarioNode(name=f"sim-{n:02d}", gpus=16) for n in range(16)]
+    share = ScenarioShare(core=25, memory=25)
+    scenario_pods = [
+        ScenarioPod(
+            name=f"p{i:05d}",
+            node=f"sim-{i % 16:02d}",
+            requests=ScenarioShare(core=1, memory=1),
+            limits=share,
+        )
+        for i in range(pods)
+    ]
+    timeline = [
+        ScenarioAction(at=at + i * 0.01, action="ready", pod=f"p{i:05d}", runs_for=30.0)
+        for at in (0.0, 3600.0)
+        for i in range(pods)
+    ]
+    scenario = Scenario(nodes=nodes, pods=scenario_pods, timeline=timeline)
+    started = time.process_time()
+    events = simulate(scenario)
+    return len(events), time.process_time() - started
+
+
+def rebuild_in_memory(entries: int) -> tuple[float, float]:
+    """bench_rebuild's log of ``entries``: (decode + fold, decode only), cpu seconds, best of 3."""
+    from bench_rebuild import cloned_log
+    from gpupool.events import decode_envelope
+    from gpupool.runtime.projection import metrics_projection
+
+    encoded, _, _ = cloned_log(entries)
+
+    def best(work: Callable[[], object]) -> float:
+        times = []
+        for _ in range(3):
+            started = time.process_time()
+            work()
+            times.append(time.process_time() - started)
+        return min(times)
+
+    def rebuild() -> None:
+        projection = metrics_projection()
+        apply = projection.apply
+        for seq, data in enumerate(encoded, start=1):
+            apply(seq, decode_envelope(data))
+
+    def decode_only() -> None:
+        for data in encoded:
+            decode_envelope(data)
+
+    return best(rebuild), best(decode_only)
+
+
+def preemption_state(nodes: int) -> State:
+    state = State()
+    qos = QosConfig(preempt_enabled=True, pod_max_duration_minutes=60)
+    for n in range(nodes):
+        node = f"node-{n:04d}"
+        events: list[Event] = [
+            GpuInventoryReported(
+                node=node,
+                gpus=tuple(GpuInfo(index=i, uuid=f"G-{node}-{i}", memory_mib=1) for i in range(8)),
+                source="simulated",
+            ),
+            NodeConfigured(node=node, policy="share-pool", qos=qos, gpu_count=8),
+        ]
+        for i in range(16):
+            pod = PodRef(namespace="bench", name=f"{node}-{i}")
+            events += [registration(pod, node, 50), PodReady(pod=pod, node=node)]
+            if i < 15:
+                events.append(
+                    Assigned(pod=pod, node=node, gpu_index=i // 2, gpu_uuid=f"G-{node}-{i // 2}")
+                )
+        for index, event in enumerate(events):
+            evolve(state, Envelope(id=f"{node}-{index}", time=NOW, event=event))
+    return state
+
+
+def incremental_pass(state: State) -> Callable[[], object]:
+    """What the preemption service does now after an event: update the one node it touched."""
+    now = NOW + timedelta(minutes=1)
+    deadlines = PreemptionDeadlines()
+    for node in state.nodes:
+        deadlines.update(state, node, now)
+    touched = next(iter(state.nodes))
+
+    def run() -> object:
+        deadlines.update(state, touched, now)
+        return deadlines.earliest()
+
+    return run
+
+
+def timer_pass(state: State) -> Callable[[], object]:
+    now = NOW + timedelta(minutes=1)
+
+    def run() -> object:
+        return {
+            node: when
+            for node in state.nodes
+            if (when := next_preemption_check(state, node, now)) is not None
+        }
+
+    return run
+
+
+async def main(burst_size: int, latency_rounds: int, sim_pods: int, rebuild_entries: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
+        async with run_nats_server(Path(tmp)) as url:
+            server = Server(url)
+            baseline = await raw_round_trip(url, 1000)
+            samples = await latency(server, latency_rounds)
+            await server.close()
+            ceiling = await raw_publish_async(url, burst_size)
+            bursts = {}
+            for nodes in (1, 16, 256, 1024):
+                bursts[nodes] = await burst(server, burst_size, nodes)
+    core = {}
+    for waiting in (100, 1000, 10_000):
+        state = build_state(waiting)
+        node = next(iter(state.nodes))
+        core[waiting] = rate(lambda s=state, n=node: decide(s, Schedule(node=n), NOW))  # type: ignore[misc]
+    bursts_core = {n: core_burst(n) for n in (100, 1000, 3000)}
+    timers = {}
+    for nodes in (1, 16, 256, 1024):
+        state = preemption_state(nodes)
+        every_node = 1.0 / rate(timer_pass(state))
+        incremental = (
+            every_node if PreemptionDeadlines is None else 1.0 / rate(incremental_pass(state))
+        )
+        timers[nodes] = (incremental, every_node)
+
+    sim_events, sim_cpu = simulated(sim_pods)
+    rebuild_s, decode_s = rebuild_in_memory(rebuild_entries)
+    raw50, raw99 = percentile(baseline, 0.5), percentile(baseline, 0.99)
+    lat50, lat99 = percentile(samples, 0.5), percentile(samples, 0.99)
+    print("## The decision-speed table (one run; baselines measured in it)\n")
+    print("| row | figure | raw baseline (same run) | ratio | goal |")
+    print("|---|---|---|---|---|")
+    print(
+        f"| PodReady stored -> Assigned stored, p50 / p99 ({len(samples)} pods) | "
+        f"{lat50 * ms:.2f} / {lat99 * ms:.2f} ms | publish -> consume {raw50 * ms:.2f} / "
+        f"{raw99 * ms:.2f} ms | {lat50 / raw50:.1f}x / {lat99 / raw99:.1f}x | p50 <= 1.5x, p99 <= 2x |"
+    )
+    for nodes, (per_second, conflicts) in bursts.items():
+        print(
+            f"| burst of {burst_size} PodReady, one admission-queue, {nodes} node(s) | "
+            f"{per_second:,.0f} placements/s ({conflicts} conflicts) | publish_async "
+            f"{ceiling:,.0f} msgs/s | {per_second / ceiling:.2f} of it | >= 10,000/s and >= 0.33 |"
+        )
+    for waiting, per_second in core.items():
+        print(
+            f"| core Schedule, {waiting:,} waiting (head blocked) | {per_second:,.0f} decisions/s "
+            f"({1e6 / per_second:.1f} us) | - | - | >= 200,000/s |"
+        )
+    for pods, seconds in bursts_core.items():
+        print(
+            f"| core burst of {pods:,} PodReady (fold + Schedule each) | {seconds:.2f} s, "
+            f"{seconds / pods * 1e6:.0f} us per event | - | - | linear in N |"
+        )
+    for nodes, (seconds, every_node) in timers.items():
+        print(
+            f"| preemption timer pass after an event, {nodes} node(s) | {seconds * ms:.4f} ms | "
+            f"every node recomputed (before): {every_node * ms:.3f} ms | "
+            f"{seconds / every_node:.3f} | independent of the node count |"
+        )
+    print(
+        f"| rebuild from zero, {rebuild_entries:,} entries in memory (decode + fold) | "
+        f"{rebuild_entries / rebuild_s:,.0f} entries/cpu-s | decode only "
+        f"{rebuild_entries / decode_s:,.0f}/cpu-s | {decode_s / rebuild_s:.0%} of it | "
+        ">= 80 % of raw replay (bench_rebuild.py: against JetStream) |"
+    )
+    print(
+        f"| gpupool simulate, 16 x 16 GPUs, {sim_pods:,} pods, {2 * sim_pods:,} actions | "
+        f"{sim_events / sim_cpu:,.0f} events per CPU-second ({sim_events:,} events) | - | - | "
+        ">= 50,000 events/s |"
+    )
+    print(
+        f"\nraw latency samples: mean {statistics.fmean(baseline) * ms:.2f} ms; decision path mean "
+        f"{statistics.fmean(samples) * ms:.2f} ms"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--burst", type=int, default=2000)
+    parser.add_argument("--latency", type=int, default=300)
+    parser.add_argument("--simulate", type=int, default=1000, help="pods of the simulator row")
+    parser.add_argument("--rebuild", type=int, default=100_000, help="entries of the rebuild row")
+    options = parser.parse_args()
+    asyncio.run(main(options.burst, options.latency, options.simulate, options.rebuild))

@@ -1,0 +1,54 @@
+"""The preemption timer's deadlines: a heap updated per node touched, not recomputed for all."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from core_gwt import T0, given_state, gpu_uuid, node_events, ref, registered
+
+from gpupool.core import PreemptionDeadlines, next_preemption_check
+from gpupool.events import Assigned, Event, PodReady, QosConfig
+
+QOS = QosConfig(preempt_enabled=True, pod_max_duration_minutes=10)
+
+
+def busy_node(node: str, since_minutes: int) -> list[Event]:
+    """One pod running since ``since_minutes`` after T0, one waiting behind it."""
+    runner, waiter = f"{node}-run", f"{node}-wait"
+    return [
+        *node_events(1, node=node, qos=QOS),
+        registered(runner, 1, 100, node=node),
+        PodReady(pod=ref(runner), node=node),
+        Assigned(pod=ref(runner), node=node, gpu_index=0, gpu_uuid=gpu_uuid(0, node)),
+        registered(waiter, 1, 100, node=node),
+        PodReady(pod=ref(waiter), node=node),
+    ]
+
+
+def test_the_earliest_deadline_is_the_nodes_minimum_and_updates_replace_it() -> None:
+    given = [
+        (T0 + timedelta(minutes=minutes), event)
+        for node, minutes in (("a", 5), ("b", 1), ("c", 3))
+        for event in busy_node(node, minutes)
+    ]
+    state = given_state(given)
+    deadlines = PreemptionDeadlines()
+    for node in ("a", "b", "c"):
+        deadlines.update(state, node, T0)
+
+    assert deadlines.earliest() == (next_preemption_check(state, "b", T0), "b")
+    deadlines.passed("b")
+    assert deadlines.earliest() == (next_preemption_check(state, "c", T0), "c")
+    # c's waiter is gone: its deadline goes, a's is next
+    state.pods[ref("c-wait")].phase = "dormant"
+    deadlines.update(state, "c", T0)
+    assert deadlines.earliest() == (next_preemption_check(state, "a", T0), "a")
+
+
+def test_a_node_with_nobody_waiting_has_no_deadline() -> None:
+    state = given_state(node_events(1, node="idle", qos=QOS))
+    deadlines = PreemptionDeadlines()
+
+    deadlines.update(state, "idle", T0)
+
+    assert deadlines.earliest() is None
