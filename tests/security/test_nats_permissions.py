@@ -124,6 +124,32 @@ def server_config(directory: Path) -> Path:
     return config
 
 
+DEPLOYED_SETTINGS = ROOT / "deploy" / "overlays" / "dev" / "kustomization.yaml"
+
+
+def deployed_setting(name: str) -> str:
+    """A setting the dev overlay gives every service (its gpupool-settings literals)."""
+    for line in DEPLOYED_SETTINGS.read_text().splitlines():
+        literal = line.strip().removeprefix("- ")
+        if literal.startswith(f"{name}="):
+            return literal.split("=", 1)[1]
+    raise AssertionError(f"{DEPLOYED_SETTINGS} sets no {name}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deployed_stream_bounds() -> Iterator[None]:
+    """The stream's bound as deployed: it must fit the overlay's file store, which the
+    library's default (for a server of its own) does not."""
+    name = "GPUPOOL_STREAM_MAX_BYTES"
+    before = os.environ.get(name)
+    os.environ[name] = deployed_setting(name)
+    yield
+    if before is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = before
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     directory = tmp_path_factory.mktemp("deployed") / "etc" / "nats-credentials"
@@ -494,4 +520,4 @@ async def test_the_ensure_stream_step_runs_with_the_stream_admin_credential(
         _, stderr = await process.communicate()
     said = stderr.decode(errors="replace")
     assert process.returncode == 0, said
-    assert "stream GPUPOOL has 1 replica(s); nothing to do" in said
+    assert "stream GPUPOOL has 1 replica(s) and its bounds; nothing to do" in said

@@ -196,28 +196,35 @@ class JetStreamEventLog:
             duplicate_window=DUPLICATE_WINDOW_S,
             num_replicas=1,
         )
+        # Look first: asking to create a stream that exists is answered "insufficient
+        # storage" rather than "name in use" when its bound and ours do not both fit the
+        # server's store (a deployed stream sized close to it), and a service credential
+        # need not be allowed to create it.
         try:
-            await self._js.add_stream(config)
-        except nats.js.errors.APIError as exc:
-            if exc.err_code != ERR_STREAM_NAME_IN_USE:
-                raise
-            # Created elsewhere (deploy/ may define it with replicas): use it if it holds our subjects.
             info = await self._js.stream_info(self.stream)
-            if subjects not in (info.config.subjects or []):
-                raise ValueError(
-                    f"stream {self.stream} exists but does not hold {subjects}: "
-                    f"{info.config.subjects}"
-                ) from exc
-            logger.info("stream %s exists with another configuration; using it", self.stream)
-            if limits.differs_from(info.config):
-                logger.warning(
-                    "stream %s is not bounded as gpupool creates it (max_bytes %s, "
-                    "max_msg_size %s, discard %s): deploy/base/nats/ensure_stream.py sets it",
-                    self.stream,
-                    info.config.max_bytes,
-                    info.config.max_msg_size,
-                    info.config.discard,
-                )
+        except nats.js.errors.NotFoundError:
+            try:
+                await self._js.add_stream(config)
+                return
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != ERR_STREAM_NAME_IN_USE:
+                    raise
+                info = await self._js.stream_info(self.stream)  # created meanwhile
+        # Created elsewhere (deploy/ may define it with replicas): use it if it holds our subjects.
+        if subjects not in (info.config.subjects or []):
+            raise ValueError(
+                f"stream {self.stream} exists but does not hold {subjects}: {info.config.subjects}"
+            )
+        logger.info("stream %s exists; using it", self.stream)
+        if limits.differs_from(info.config):
+            logger.warning(
+                "stream %s is not bounded as gpupool creates it (max_bytes %s, "
+                "max_msg_size %s, discard %s): deploy/base/nats/ensure_stream.py sets it",
+                self.stream,
+                info.config.max_bytes,
+                info.config.max_msg_size,
+                info.config.discard,
+            )
 
     # ------------------------------------------------------------------ writing
 
