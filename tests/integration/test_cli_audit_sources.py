@@ -95,6 +95,11 @@ async def test_verify_on_jetstream_counts_garbage_and_fails_on_a_conflict(
         "default/pod-a already holds GPU 0 (assigned again to GPU 0)",
         "verify: FAILED, 1 violation; 14 entries (1 unreadable), 1 node, 4 pods, "
         "3 assignments, 0 preemptions, 0 releases",
+        # what the services set aside, with the reason: the garbage, and the second Assigned
+        # of a pod already running (it is reported, and not believed)
+        "  set aside #13: not a gpupool envelope: JSON is malformed: object keys must be "
+        "strings (byte 1)",
+        "  set aside #14: EventOutOfOrder: default/pod-a was assigned while running, not ready",
     ]
 
 
