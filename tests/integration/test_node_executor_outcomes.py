@@ -31,6 +31,7 @@ from gpupool.core import Schedule
 from gpupool.eventlog import InMemoryEventLog
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import (
+    Assigned,
     Envelope,
     Event,
     GpuInventoryReported,
@@ -213,6 +214,26 @@ async def test_a_client_reattaching_after_restarts_is_told_the_outcome_the_log_h
     for event in NODE_EVENTS:
         await append(log, event, at=sent - timedelta(seconds=60))
     await append(log, PodReady(pod=A, node=NODE), at=sent + timedelta(seconds=1))
+    gpu = INVENTORY.gpus[0]
+    await append(
+        log,
+        Assigned(pod=A, node=NODE, gpu_index=gpu.index, gpu_uuid=gpu.uuid),
+        at=sent + timedelta(seconds=2),
+    )
+    if reason == "preempted":  # a preemption's release follows its Preempted
+        await append(log, PodReady(pod=B, node=NODE), at=sent + timedelta(seconds=10))
+        await append(
+            log,
+            Preempted(
+                victim=A,
+                preemptor=B,
+                node=NODE,
+                gpu_index=gpu.index,
+                gpu_uuid=gpu.uuid,
+                reason="priority",
+            ),
+            at=sent + timedelta(seconds=11),
+        )
     await append(
         log,
         Released(pod=A, node=NODE, reason=reason, exit_code=code, gpu_index=0),  # type: ignore[arg-type]
