@@ -21,6 +21,8 @@ from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.events import (
     Assigned,
     Envelope,
+    GpuInfo,
+    GpuInventoryReported,
     NodeConfigured,
     PodReady,
     PodRef,
@@ -169,6 +171,13 @@ async def test_policy_service_in_kubernetes_mode(
         at = datetime(2025, 4, 22, 8, 12, 0, tzinfo=UTC)
         for number, event in enumerate(
             [
+                # the node's GPUs, as its executor reports them: a claim on a GPU the log
+                # has never seen is not folded
+                GpuInventoryReported(
+                    node=SOURCE_NODE,
+                    gpus=[GpuInfo(index=0, uuid="GPU-0", memory_mib=81559)],
+                    source="simulated",
+                ),
                 PodReady(pod=victim, node=SOURCE_NODE),
                 Assigned(pod=victim, node=SOURCE_NODE, gpu_index=0, gpu_uuid="GPU-0"),
                 PodReady(pod=preemptor, node=SOURCE_NODE),
