@@ -10,6 +10,7 @@ from gpupool.core.fragmentation import (
     NodeFree,
     Task,
     Workload,
+    by_gpu_demand,
     fragmentation,
     gradient,
     place,
@@ -190,3 +191,55 @@ def test_placing_pods_one_by_one_never_takes_a_gpu_past_100(
             usage[chosen] = add(usage[chosen], want)
     for used in usage.values():
         assert used.core <= 100 and used.memory <= 100
+
+
+# --------------------------------------------------------------------------- the definition
+
+
+free_gpus = st.lists(
+    st.builds(Share, core=st.integers(0, 100), memory=st.integers(0, 100)), min_size=1, max_size=8
+)
+tasks = st.one_of(
+    st.builds(
+        Task,
+        cpu_milli=st.integers(0, 16000),
+        memory_mib=st.integers(0, 16384),
+        gpus=st.just(1),
+        share=wants,
+    ),
+    st.builds(
+        Task,
+        cpu_milli=st.integers(0, 16000),
+        memory_mib=st.integers(0, 16384),
+        gpus=st.integers(0, 4),
+    ),
+)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(
+    gpus=free_gpus,
+    cpu=st.integers(0, 16000),
+    memory=st.integers(0, 16384),
+    weighted=st.dictionaries(tasks, st.integers(1, 5), min_size=1, max_size=10),
+)
+def test_fragmentation_is_the_weighted_mean_of_the_task_fragments(
+    gpus: list[Share], cpu: int, memory: int, weighted: dict[Task, int]
+) -> None:
+    # the grouped computation against the definition, task by task
+    free = NodeFree(cpu_milli=cpu, memory_mib=memory, gpus=tuple(gpus))
+    workload = Workload.of(weighted)
+    total = sum(weighted.values())
+    expected = sum(n * task_fragment(free, task) for task, n in weighted.items()) / total
+    assert fragmentation(free, workload) == pytest.approx(expected)
+
+
+def test_weights_by_gpu_demand_count_what_each_kind_holds() -> None:
+    counts = {share_task(50): 4.0, Task(gpus=8): 1.0, Task(gpus=0): 10.0}
+    assert by_gpu_demand(counts) == {share_task(50): 2.0, Task(gpus=8): 8.0, Task(gpus=0): 0.0}
+    # the CPU-only kind drops out; the 8-GPU pod weighs 8 of 10
+    workload = Workload.of(by_gpu_demand(counts))
+    # free 100 and 100 and 40: the 50s leave 40 (fragment 40), the 8-GPU pod cannot fit (240)
+    assert fragmentation(node(s(100), s(100), s(40)), workload) == pytest.approx(
+        (2 * 40 + 8 * 240) / 10
+    )
