@@ -378,6 +378,10 @@ def test_the_cache_remembers_costs_that_equal_the_rules_and_refolds_after_drift(
     # one more pod of a kind already seen: not refolded (1 of 64 changed) ...
     cache.apply_pod(PodChange(type="ADDED", object=bound("extra", 1)))
     assert cache.workload() is folded
+    # an update that keeps the pod's kind (a status change) is no drift at all
+    cache.apply_pod(PodChange(type="MODIFIED", object=bound("extra", 1)))
+    cache.apply_pod(PodChange(type="MODIFIED", object=bound("extra", 1)))
+    assert cache.workload() is folded
     # ... but the node's model changed, so its cost is computed again
     assert cache.cost(share_pool, task) == placement_cost(cache.model(share_pool), task, folded)[0]
     # a kind the workload has not seen refolds it at once

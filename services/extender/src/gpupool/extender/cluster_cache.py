@@ -127,6 +127,7 @@ class ClusterCache:
     def apply_pod(self, change: PodChange) -> None:
         before = self.pods.apply(change)
         after = None if change.type == "DELETED" else change.object
+        deltas: dict[Task, int] = {}
         for pod, step in ((before, -1), (after, 1)):
             if pod is None:
                 continue
@@ -136,15 +137,19 @@ class ClusterCache:
             self._views.pop(pod.ref, None)
             kind, task = (None, None) if pod.terminated else self._view(pod)
             if task is not None:
-                seen = self._tasks.get(task, 0)
-                self._tasks[task] = seen + step
-                self._changes += 1
-                if self._workload is not None and step > 0 and seen == 0:
-                    self._workload = None  # a kind of pod the workload has not seen
+                deltas[task] = deltas.get(task, 0) + step
             if step > 0 and pod.node_name and isinstance(kind, GpuSharePod | InvalidGpuSharePod):
                 self._share.setdefault(pod.node_name, {})[pod.ref] = share_requests(pod)
         if after is None and before is not None:
             self._views.pop(before.ref, None)
+        for task, step in deltas.items():  # an update that keeps the pod's kind changes nothing
+            if step == 0:
+                continue
+            seen = self._tasks.get(task, 0)
+            self._tasks[task] = seen + step
+            self._changes += abs(step)
+            if self._workload is not None and step > 0 and seen == 0:
+                self._workload = None  # a kind of pod the workload has not seen
 
     @property
     def ready(self) -> bool:
