@@ -74,7 +74,6 @@ from gpupool.core.fragmentation import (
     NodeFree,
     Task,
     Workload,
-    by_gpu_demand,
     fragmentation,
     place,
 )
@@ -424,8 +423,7 @@ class GpupoolPlacement:
     computed once per such key and remembered.
 
     Score: the extender's ``placement_cost`` on its model of each node, with the
-    workload the cluster has seen (every pod that arrived so far, each kind weighted by
-    the GPUs it holds, ``by_gpu_demand``, as the extender folds it; refolded at 1, 2, 4,
+    workload the cluster has seen (every pod that arrived so far, refolded at 1, 2, 4,
     ... arrivals and then every ``REFRESH_EVERY``), turned into
     0..10 by ``scores_by_cost``; ties between the best-scored nodes at random. The
     extender's model of a node is the node itself here (decision 7).
@@ -505,7 +503,7 @@ class GpupoolPlacement:
         self._seen[task] = self._seen.get(task, 0.0) + 1
         self._arrived += 1
         if self._arrived >= self._next_refresh:
-            self.workload = Workload.of(by_gpu_demand(self._seen))
+            self.workload = Workload.of(self._seen)
             self._costs.clear()
             self._before.clear()
             self._next_refresh = min(2 * self._arrived, self._arrived + self.REFRESH_EVERY)

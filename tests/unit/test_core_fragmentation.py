@@ -10,7 +10,6 @@ from gpupool.core.fragmentation import (
     NodeFree,
     Task,
     Workload,
-    by_gpu_demand,
     fragmentation,
     gradient,
     place,
@@ -232,14 +231,3 @@ def test_fragmentation_is_the_weighted_mean_of_the_task_fragments(
     total = sum(weighted.values())
     expected = sum(n * task_fragment(free, task) for task, n in weighted.items()) / total
     assert fragmentation(free, workload) == pytest.approx(expected)
-
-
-def test_weights_by_gpu_demand_count_what_each_kind_holds() -> None:
-    counts = {share_task(50): 4.0, Task(gpus=8): 1.0, Task(gpus=0): 10.0}
-    assert by_gpu_demand(counts) == {share_task(50): 2.0, Task(gpus=8): 8.0, Task(gpus=0): 0.0}
-    # the CPU-only kind drops out; the 8-GPU pod weighs 8 of 10
-    workload = Workload.of(by_gpu_demand(counts))
-    # free 100 and 100 and 40: the 50s leave 40 (fragment 40), the 8-GPU pod cannot fit (240)
-    assert fragmentation(node(s(100), s(100), s(40)), workload) == pytest.approx(
-        (2 * 40 + 8 * 240) / 10
-    )

@@ -338,8 +338,7 @@ def test_the_cache_folds_the_live_pods_into_the_workload_and_drops_stale_models(
     assert not cache.workload()
     cache.apply_pod(PodChange(type="ADDED", object=bound))
     task = Task(cpu_milli=1000, memory_mib=1024, share=Share(core=60, memory=60))
-    # weighted by the GPU it holds: 60 % of one
-    assert dict(cache.workload().weights) == {task: pytest.approx(0.6)}
+    assert dict(cache.workload().weights) == {task: 1.0}
     assert cache.model(NODES[0]).usage[0] == Share(core=60, memory=60)
     cache.apply_pod(PodChange(type="DELETED", object=bound))
     assert not cache.workload()
@@ -365,7 +364,7 @@ def test_the_cache_remembers_costs_that_equal_the_rules_and_refolds_after_drift(
     for k in range(pods):
         cache.apply_pod(PodChange(type="ADDED", object=bound(f"p{k}", 1)))
     folded = cache.workload()
-    assert folded.total == pytest.approx(pods * 0.01)  # 1 % pods: by GPU demand
+    assert folded.total == pods
     task = pod_task(bound_share_pod(40))
     assert task is not None
     expected = placement_cost(cache.model(share_pool), task, folded)[0]
@@ -387,7 +386,7 @@ def test_the_cache_remembers_costs_that_equal_the_rules_and_refolds_after_drift(
     # a kind the workload has not seen refolds it at once
     cache.apply_pod(PodChange(type="ADDED", object=bound("new-kind", 30)))
     assert cache.workload() is not folded
-    assert cache.workload().total == pytest.approx((pods + 1) * 0.01 + 0.3)
+    assert cache.workload().total == pods + 2
     # deleted pods leave the usage
     cache.apply_pod(PodChange(type="DELETED", object=bound("new-kind", 30)))
     assert cache.share_usage(share_pool.name) == Share(core=pods + 1, memory=pods + 1)

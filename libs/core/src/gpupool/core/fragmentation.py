@@ -135,18 +135,6 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
         return Workload.of(counts)
 
 
-def gpu_demand(task: Task) -> float:
-    """The GPUs a task holds (a share counts as its fraction of one GPU's compute)."""
-    return task.gpus * task.per_gpu().core / GPU_PERCENT
-
-
-def by_gpu_demand(counts: Mapping[Task, float]) -> dict[Task, float]:
-    """Pods counted by kind, reweighted by what each kind holds of the GPUs: the weights that
-    make the expected fragment count a fragment by the GPU demand it strands (an 8-GPU pod
-    that finds no room loses eight GPUs, a 10 % pod a tenth of one). CPU-only kinds get 0."""
-    return {task: count * gpu_demand(task) for task, count in counts.items()}
-
-
 def _task_order(task: Task) -> tuple[int, int, int, int, int]:
     return (task.gpus, task.share.core, task.share.memory, task.cpu_milli, task.memory_mib)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpupool.core.fragmentation import Task, Workload, by_gpu_demand, fragmentation
+from gpupool.core.fragmentation import Task, Workload, fragmentation
 from gpupool.events import PodRef, Share
 from gpupool.extender.rules import (
     Cost,
@@ -70,14 +70,13 @@ class ClusterCache:
         """Per node: the share requests of the live GPU-sharing pods bound there."""
 
     def workload(self) -> Workload:
-        """The distribution of the pods the cluster runs and waits for (folded from the watch),
-        each kind weighted by the GPUs it holds (``by_gpu_demand``).
+        """The distribution of the pods the cluster runs and waits for (folded from the watch).
 
         Refolded only when it has drifted (``WORKLOAD_DRIFT``): each refold drops every
         cached cost."""
         if self._workload is None or self._changes * WORKLOAD_DRIFT >= max(1, self._folded_from):
             live = {task: n for task, n in self._tasks.items() if n > 0}
-            self._workload = Workload.of(by_gpu_demand(live))
+            self._workload = Workload.of(live)
             self._folded_from = sum(live.values())
             self._changes = 0
             self._costs.clear()
