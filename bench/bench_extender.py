@@ -11,9 +11,14 @@ node objects: ``nodeCacheCapable: false``). Measured, as the handlers run them (
 request body decoded, the rules applied, the answer encoded):
 
 * /filter (the baseline: what the extender did before it scored by fragmentation);
-* /prioritize, warm: the node models cached (the steady state: a model is rebuilt only
-  for nodes whose pods or node object changed since the last request);
-* /prioritize, cold: every node model rebuilt (after a restart, or all nodes changed).
+* /prioritize, the same kind of pod again: every cost remembered (``ClusterCache.cost``:
+  a node's costs live as long as its model and the workload);
+* /prioritize, a new kind of pod: the node models and their fragmentation remembered,
+  the pod's cost computed on each node (each repeat asks another CPU request);
+* /prioritize, cold: every node model, fragmentation and cost rebuilt (after a restart);
+* /prioritize as it was before the costs were remembered (the same rules, the
+  placement cost computed on every node at every request and the share usage summed
+  from the pod directory), warm models: the baseline of this change.
 
 Both the wall time and the process's CPU time are shown: on a shared machine the CPU
 time is the request's cost, the wall time what it took there. The budget is the
@@ -34,6 +39,8 @@ from typing import Any
 import msgspec
 
 from gpupool.extender.cluster_cache import ClusterCache
+from gpupool.extender.protocol import decode_args, encode
+from gpupool.extender.rules import prioritize
 from gpupool.extender.service import ExtenderHandlers
 from gpupool.kube.node_status import (
     NodeStatusSettings,
@@ -71,7 +78,7 @@ def share_pool_node(name: str, gpus: int = 8) -> Node:
     )
 
 
-def share_pod(name: str, node: str, share: int) -> dict[str, Any]:
+def share_pod(name: str, node: str, share: int, cpu: str = "4") -> dict[str, Any]:
     amounts = {
         "alibabacloud.com/gpu-core.percentage": str(share),
         "alibabacloud.com/gpu-memory.percentage": str(share),
@@ -92,7 +99,7 @@ def share_pod(name: str, node: str, share: int) -> dict[str, Any]:
                 {
                     "name": "main",
                     "resources": {
-                        "requests": {**amounts, "cpu": "4", "memory": "16Gi"},
+                        "requests": {**amounts, "cpu": cpu, "memory": "16Gi"},
                         "limits": amounts,
                     },
                 }
@@ -127,12 +134,15 @@ def main() -> None:
             raw = share_pod(f"{node.name}-p{k}", node.name, rng.choice(SHARES))
             cache.apply_pod(PodChange(type="ADDED", object=msgspec.convert(raw, Pod)))
     handlers = ExtenderHandlers(cache)
-    body = msgspec.json.encode(
-        {
-            "pod": share_pod("incoming", "", 40),
-            "nodes": {"items": [msgspec.to_builtins(node) for node in nodes]},
-        }
-    )
+    node_items = [msgspec.to_builtins(node) for node in nodes]
+
+    def request(cpu: str) -> bytes:
+        return msgspec.json.encode(
+            {"pod": share_pod("incoming", "", 40, cpu), "nodes": {"items": node_items}}
+        )
+
+    body = request("4")
+    kinds = iter(range(1, 1 << 20))
 
     async def filter_once() -> None:
         status, _, _ = await handlers.filter(body)
@@ -142,15 +152,35 @@ def main() -> None:
         status, _, _ = await handlers.prioritize(body)
         assert status == 200
 
+    async def prioritize_new_kind() -> None:
+        status, _, _ = await handlers.prioritize(request(f"{4000 + next(kinds)}m"))
+        assert status == 200
+
     async def prioritize_cold() -> None:
         cache._models.clear()
+        cache._costs.clear()
         await prioritize_once()
 
-    asyncio.run(prioritize_once())  # fill the models and the workload
+    async def prioritize_before() -> None:
+        """The handler as it was: no remembered costs, usage summed from the directory."""
+        args = decode_args(body)
+        pod = msgspec.json.decode(args.pod, type=Pod)
+        assert args.nodes is not None
+        request_nodes = [msgspec.json.decode(raw, type=Node) for raw in args.nodes.items]
+        ref = pod.ref
+
+        def usage(name: str) -> Any:
+            return cache.pods.share_usage(name, excluding=ref)
+
+        encode(prioritize(pod, request_nodes, usage, cache.model, cache.workload()))
+
+    asyncio.run(prioritize_once())  # fill the models, the costs and the workload
     rows = [
         ("/filter (baseline)", timed(filter_once, args.repeat)),
-        ("/prioritize, warm", timed(prioritize_once, args.repeat)),
+        ("/prioritize, same kind", timed(prioritize_once, args.repeat)),
+        ("/prioritize, new kind", timed(prioritize_new_kind, args.repeat)),
         ("/prioritize, cold", timed(prioritize_cold, args.repeat)),
+        ("/prioritize, before", timed(prioritize_before, args.repeat)),
     ]
     base = statistics.median(cpu for _, cpu in rows[0][1])
     print(
@@ -159,14 +189,14 @@ def main() -> None:
         f"median of {args.repeat}"
     )
     print(
-        f"{'request':<22} {'CPU s':>7} {'wall s':>7} {'CPU µs/node':>12} {'× filter':>9} "
+        f"{'request':<24} {'CPU s':>7} {'wall s':>7} {'CPU µs/node':>12} {'× filter':>9} "
         f"{'of 5 s':>7}"
     )
     for label, values in rows:
         cpu = statistics.median(c for _, c in values)
         wall = statistics.median(w for w, _ in values)
         print(
-            f"{label:<22} {cpu:7.3f} {wall:7.3f} {1e6 * cpu / args.nodes:12.1f} "
+            f"{label:<24} {cpu:7.3f} {wall:7.3f} {1e6 * cpu / args.nodes:12.1f} "
             f"{cpu / base:9.2f} {cpu / HTTP_TIMEOUT_S:7.1%}"
         )
 

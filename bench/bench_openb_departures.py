@@ -29,8 +29,10 @@ every placement is the same. Times are the trace's, unchanged.
 Reported per policy and capacity, medians over the seeds: the GPU allocation over time
 (time-weighted mean of the GPUs held, % of capacity, over the whole replay and over the
 hours when the trace's own demand exceeds the capacity), the wait from arrival to start
-(p50, p99, seconds, over the pods that started), and the pods never started when the
-trace ends. Prints tables; no assertions.
+(p50, p99, seconds, over the pods that started), the pods never started when the
+trace ends, and of the pods, those that fit no node of the sample even empty (the
+trace's 8-GPU pods asking 120 CPUs, where the sample has no 8-GPU node with that many
+CPUs): they can never start under any policy. Prints tables; no assertions.
 """
 
 from __future__ import annotations
@@ -136,7 +138,20 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
     wait_p50: float
     wait_p99: float
     never_started: int
+    fit_no_node: int
+    """Pods that no node of the sample can hold even empty (CPU, memory, GPUs, gpu_spec)."""
     seconds: float
+
+
+def fits_empty(node: Any, pod: Any) -> bool:
+    """``pod`` fits ``node`` (a bench_openb.TraceNode) with nothing else on it."""
+    if pod.gpu_spec and node.model not in pod.gpu_spec:
+        return False
+    return bool(
+        node.cpu_milli >= pod.cpu_milli
+        and node.memory_mib >= pod.memory_mib
+        and node.gpus >= pod.num_gpu
+    )
 
 
 def refresh_least_used(node: Any) -> None:
@@ -291,6 +306,7 @@ def replay(policy_name: str, capacity: float, seed: int, traces: Path) -> Result
         wait_p50=percentile(waits, 0.5),
         wait_p99=percentile(waits, 0.99),
         never_started=len(timed) - len(started_at),
+        fit_no_node=sum(1 for t in timed if not any(fits_empty(n, t.pod) for n in nodes)),
         seconds=time.perf_counter() - start_clock,
     )
 
@@ -321,7 +337,7 @@ def main() -> None:
     )
     header = (
         f"{'capacity':>9} {'GPUs':>5} {'policy':<20} {'alloc %':>8} {'alloc % busy':>13} "
-        f"{'wait p50 s':>11} {'wait p99 s':>11} {'never started':>14}"
+        f"{'wait p50 s':>11} {'wait p99 s':>11} {'never started':>14} {'fit no node':>12}"
     )
     print(header)
     for capacity in capacities:
@@ -333,7 +349,8 @@ def main() -> None:
                 f"{med(r.allocated_mean for r in rows):8.2f} "
                 f"{med(r.allocated_busy for r in rows):13.2f} "
                 f"{med(r.wait_p50 for r in rows):11.0f} {med(r.wait_p99 for r in rows):11.0f} "
-                f"{med(r.never_started for r in rows):14.0f}"
+                f"{med(r.never_started for r in rows):14.0f} "
+                f"{med(r.fit_no_node for r in rows):12.0f}"
             )
     busy = sum(r.seconds for r in results)
     print(

@@ -190,3 +190,44 @@ def test_placing_pods_one_by_one_never_takes_a_gpu_past_100(
             usage[chosen] = add(usage[chosen], want)
     for used in usage.values():
         assert used.core <= 100 and used.memory <= 100
+
+
+# --------------------------------------------------------------------------- the definition
+
+
+free_gpus = st.lists(
+    st.builds(Share, core=st.integers(0, 100), memory=st.integers(0, 100)), min_size=1, max_size=8
+)
+tasks = st.one_of(
+    st.builds(
+        Task,
+        cpu_milli=st.integers(0, 16000),
+        memory_mib=st.integers(0, 16384),
+        gpus=st.just(1),
+        share=wants,
+    ),
+    st.builds(
+        Task,
+        cpu_milli=st.integers(0, 16000),
+        memory_mib=st.integers(0, 16384),
+        gpus=st.integers(0, 4),
+    ),
+)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(
+    gpus=free_gpus,
+    cpu=st.integers(0, 16000),
+    memory=st.integers(0, 16384),
+    weighted=st.dictionaries(tasks, st.integers(1, 5), min_size=1, max_size=10),
+)
+def test_fragmentation_is_the_weighted_mean_of_the_task_fragments(
+    gpus: list[Share], cpu: int, memory: int, weighted: dict[Task, int]
+) -> None:
+    # the grouped computation against the definition, task by task
+    free = NodeFree(cpu_milli=cpu, memory_mib=memory, gpus=tuple(gpus))
+    workload = Workload.of(weighted)
+    total = sum(weighted.values())
+    expected = sum(n * task_fragment(free, task) for task, n in weighted.items()) / total
+    assert fragmentation(free, workload) == pytest.approx(expected)

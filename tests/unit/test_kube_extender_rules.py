@@ -10,7 +10,14 @@ import pytest
 
 from gpupool.core.fragmentation import Task, Workload
 from gpupool.events import Share
-from gpupool.extender.rules import filter_nodes, node_model, pod_task, prioritize, scores_by_cost
+from gpupool.extender.rules import (
+    filter_nodes,
+    node_model,
+    placement_cost,
+    pod_task,
+    prioritize,
+    scores_by_cost,
+)
 from gpupool.kube.node_status import (
     ConfigurationRefused,
     NodeOutcome,
@@ -336,3 +343,50 @@ def test_the_cache_folds_the_live_pods_into_the_workload_and_drops_stale_models(
     cache.apply_pod(PodChange(type="DELETED", object=bound))
     assert not cache.workload()
     assert cache.model(NODES[0]).usage[0] == Share(core=0, memory=0)
+
+
+def test_the_cache_remembers_costs_that_equal_the_rules_and_refolds_after_drift() -> None:
+    from gpupool.extender.cluster_cache import WORKLOAD_DRIFT, ClusterCache
+    from gpupool.kube.records import PodChange
+
+    cache = ClusterCache(api=None)  # type: ignore[arg-type]  # the watch is not run
+    share_pool = NODES[0]
+
+    def bound(name: str, limit: int) -> Pod:
+        raw = bound_share_pod(limit)
+        return msgspec.structs.replace(
+            raw,
+            metadata=msgspec.structs.replace(raw.metadata, name=name, uid=name),
+            spec=msgspec.structs.replace(raw.spec, node_name=share_pool.name),
+        )
+
+    pods = 2 * WORKLOAD_DRIFT
+    for k in range(pods):
+        cache.apply_pod(PodChange(type="ADDED", object=bound(f"p{k}", 1)))
+    folded = cache.workload()
+    assert folded.total == pods
+    task = pod_task(bound_share_pod(40))
+    assert task is not None
+    expected = placement_cost(cache.model(share_pool), task, folded)[0]
+    assert cache.cost(share_pool, task) == expected
+    # the share usage kept from the watch is the directory's sum
+    assert cache.share_usage(share_pool.name) == cache.pods.share_usage(share_pool.name)
+    assert cache.share_usage(share_pool.name, excluding=bound("p0", 1).ref) == Share(
+        core=pods - 1, memory=pods - 1
+    )
+    # one more pod of a kind already seen: not refolded (1 of 64 changed) ...
+    cache.apply_pod(PodChange(type="ADDED", object=bound("extra", 1)))
+    assert cache.workload() is folded
+    # an update that keeps the pod's kind (a status change) is no drift at all
+    cache.apply_pod(PodChange(type="MODIFIED", object=bound("extra", 1)))
+    cache.apply_pod(PodChange(type="MODIFIED", object=bound("extra", 1)))
+    assert cache.workload() is folded
+    # ... but the node's model changed, so its cost is computed again
+    assert cache.cost(share_pool, task) == placement_cost(cache.model(share_pool), task, folded)[0]
+    # a kind the workload has not seen refolds it at once
+    cache.apply_pod(PodChange(type="ADDED", object=bound("new-kind", 30)))
+    assert cache.workload() is not folded
+    assert cache.workload().total == pods + 2
+    # deleted pods leave the usage
+    cache.apply_pod(PodChange(type="DELETED", object=bound("new-kind", 30)))
+    assert cache.share_usage(share_pool.name) == Share(core=pods + 1, memory=pods + 1)

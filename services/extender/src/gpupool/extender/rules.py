@@ -165,18 +165,28 @@ def _allocatable(node: Node, resource: str) -> int:
 
 
 def prioritize(
-    pod: Pod, nodes: Sequence[Node], usage: ShareUsage, models: NodeModels, workload: Workload
+    pod: Pod,
+    nodes: Sequence[Node],
+    usage: ShareUsage,
+    models: NodeModels,
+    workload: Workload,
+    *,
+    cost: Callable[[Node, Task], Cost] | None = None,
 ) -> list[HostPriority]:
     """Score every node the pod may go to by the fragmentation its placement adds there
     (``placement_cost`` over the cluster's ``workload``, ``scores_by_cost``); 0 where the
-    filter keeps it off. Every pod is scored: GPU-sharing, whole-GPU and CPU-only alike."""
+    filter keeps it off. Every pod is scored: GPU-sharing, whole-GPU and CPU-only alike.
+    ``cost``: the same ``placement_cost`` remembered by the caller (the extender's cache)."""
     kind = classify(pod)
     task = pod_task(pod, kind)
     costs: dict[str, Cost] = {}
     if task is not None:
         for node in nodes:
             if why_not(kind, node, usage) is None:
-                costs[node.name] = placement_cost(models(node), task, workload)[0]
+                if cost is not None:
+                    costs[node.name] = cost(node, task)
+                else:
+                    costs[node.name] = placement_cost(models(node), task, workload)[0]
     scores = scores_by_cost(costs)
     return [HostPriority(host=node.name, score=scores.get(node.name, 0)) for node in nodes]
 
@@ -317,8 +327,20 @@ FITS_NOW, BEHIND_WAITING, FIRST_TO_WAIT = 0, 1, 2
 NodeKey = TypeVar("NodeKey")
 
 
+def node_gpu_choice(model: NodeModel, want: Share) -> int | None:
+    """The GPU the node's core gives a pod asking ``want`` (None: it would wait)."""
+    if model.waiting:
+        return None
+    return choose_gpu(model.usage, want, workload=model.seen or None)
+
+
 def placement_cost(
-    model: NodeModel, task: Task, workload: Workload, *, before: float | None = None
+    model: NodeModel,
+    task: Task,
+    workload: Workload,
+    *,
+    before: float | None = None,
+    choose: Callable[[NodeModel, Share], int | None] = node_gpu_choice,
 ) -> tuple[Cost, tuple[int, ...]]:
     """What placing ``task`` on the node costs, and the GPUs the node's core would give it.
 
@@ -326,15 +348,12 @@ def placement_cost(
     or are the lowest-indexed wholly free ones (several GPUs). The gradient is the change
     of the node's expected fragment over the cluster's ``workload``, CPU and memory
     included: a placement that starves a node of CPU makes its free GPUs fragments.
-    ``before``: the node's fragmentation now, if the caller knows it.
+    ``before``: the node's fragmentation now, if the caller knows it. ``choose``:
+    ``node_gpu_choice``, or the same remembered by the caller.
     """
     indices = sorted(model.usage)
     if task.gpus == 1:
-        gpu = (
-            None
-            if model.waiting
-            else choose_gpu(model.usage, task.share, workload=model.seen or None)
-        )
+        gpu = choose(model, task.share)
         if gpu is None:
             return _waits(model), ()
         gpus: tuple[int, ...] = (gpu,)

@@ -82,12 +82,14 @@ class ExtenderHandlers:
             return 400, "text/plain", f"cannot read ExtenderArgs: {exc}\n".encode()
         self.answered["prioritize", "ok"] += 1
         cache = self._cache
-        scores = prioritize(pod, nodes, self._usage(pod), cache.model, cache.workload())
+        scores = prioritize(
+            pod, nodes, self._usage(pod), cache.model, cache.workload(), cost=cache.cost
+        )
         return 200, JSON, encode(scores)
 
     def _usage(self, pod: Pod) -> ShareUsage:
-        pods = self._cache.pods
-        return lambda node: pods.share_usage(node, excluding=pod.ref)
+        cache = self._cache
+        return lambda node: cache.share_usage(node, excluding=pod.ref)
 
 
 class ExtenderCollector:
