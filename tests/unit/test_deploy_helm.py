@@ -206,3 +206,16 @@ def test_images_by_digest_and_node_selection_come_from_the_values() -> None:
         return name
 
     assert settings_name(render({"nats": {"streamReplicas": 1}})) != settings_name(render())
+
+
+def test_the_qos_default_of_nodes_without_the_annotation_is_a_value() -> None:
+    qos = '{"preemptEnabled": true, "podMaxDurationMinutes": 120}'
+
+    def settings(docs: list[Doc]) -> Doc:
+        (found,) = [d for d in by_kind(docs, "ConfigMap") if "settings" in d["metadata"]["name"]]
+        return found
+
+    default, chosen = settings(render()), settings(render({"policy": {"defaultQosConfig": qos}}))
+    assert default["data"]["GPUPOOL_DEFAULT_QOS_CONFIG"] == ""  # none: as the kustomize base
+    assert chosen["data"]["GPUPOOL_DEFAULT_QOS_CONFIG"] == qos
+    assert chosen["metadata"]["name"] != default["metadata"]["name"]  # the pods roll

@@ -31,5 +31,5 @@ nats://from-secret.invalid:4222
 
 {{/* Part of the settings ConfigMap's name: a change of settings rolls the pods (as kustomize's hash does). */}}
 {{- define "gpupool.settingsHash" -}}
-{{- printf "%s|%s|%v" (include "gpupool.natsUrl" .) .Values.stream .Values.nats.streamReplicas | sha256sum | trunc 10 -}}
+{{- printf "%s|%s|%v|%s" (include "gpupool.natsUrl" .) .Values.stream .Values.nats.streamReplicas .Values.policy.defaultQosConfig | sha256sum | trunc 10 -}}
 {{- end -}}

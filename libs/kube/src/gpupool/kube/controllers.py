@@ -32,11 +32,14 @@ class KubernetesControllers:
         settings: NodeStatusSettings | None = None,
         clock: Callable[[], datetime] = utc_now,
         registered_nodes: Callable[[], Iterable[str]] | None = None,
+        default_qos: str | None = None,
     ) -> None:
         self._submit = submit
         self._submitting = asyncio.Lock()
         self.pods = PodDirectory()
-        self.nodes = NodeController(api, self.submit, self.pods, settings=settings, clock=clock)
+        self.nodes = NodeController(
+            api, self.submit, self.pods, settings=settings, clock=clock, default_qos=default_qos
+        )
         self.pod_controller = PodController(
             api,
             self.submit,

@@ -48,11 +48,15 @@ def is_managed(node: Node) -> bool:
     return POLICY_LABEL in node.metadata.labels or node.condition(POLICY_CONDITION) is not None
 
 
-def configure_command(node: Node, pods: PodDirectory) -> ConfigureNode:
+def configure_command(
+    node: Node, pods: PodDirectory, *, default_qos: str | None = None
+) -> ConfigureNode:
+    """The node as the core sees it. ``default_qos`` (the operator's, in the annotation's
+    format) stands in for a QoS annotation the node does not carry."""
     return ConfigureNode(
         node=node.name,
         policy_label=node.metadata.labels.get(POLICY_LABEL),
-        qos_annotation=node.metadata.annotations.get(QOS_ANNOTATION),
+        qos_annotation=node.metadata.annotations.get(QOS_ANNOTATION, default_qos),
         gpu_count=gpu_count(node),
         exclusive_gpu_pods=pods.exclusive_gpu_pods(node.name),
     )
@@ -93,10 +97,12 @@ class NodeController:
         *,
         settings: NodeStatusSettings | None = None,
         clock: Callable[[], datetime] = utc_now,
+        default_qos: str | None = None,
     ) -> None:
         self._api = api
         self._submit = submit
         self._pods = pods
+        self._default_qos = default_qos
         self._settings = settings or NodeStatusSettings()
         self._clock = clock
         self._nodes: dict[str, Node] = {}
@@ -141,7 +147,7 @@ class NodeController:
             node = self._nodes.get(name)
             if node is None or not is_managed(node):
                 return
-            command = configure_command(node, self._pods)
+            command = configure_command(node, self._pods, default_qos=self._default_qos)
             last = self._last.get(name)
             if (
                 last is not None

@@ -76,8 +76,11 @@ class PolicyService:
         *,
         kubernetes: Callable[[], Awaitable[KubernetesAsyncioApi]] | None = None,
         cluster_file: Path | None = None,
+        default_qos: str | None = None,
     ) -> None:
         self.cluster = cluster
+        self.default_qos = default_qos
+        """In Kubernetes mode: the QoS of a node without the QoS annotation (its format)."""
         self.cluster_file = cluster_file
         self._connect_kubernetes = kubernetes
         self._loop: DeciderLoop | None = None
@@ -136,7 +139,10 @@ class PolicyService:
             api = await self._connect_kubernetes()
             stack.push_async_callback(api.close)
             self.controllers = KubernetesControllers(
-                api, self.submit, registered_nodes=self._registered_nodes
+                api,
+                self.submit,
+                registered_nodes=self._registered_nodes,
+                default_qos=self.default_qos,
             )
             for envelope in list(self._recent_preemptions):
                 await self.controllers.preemptions.on_envelope(envelope)
