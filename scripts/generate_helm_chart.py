@@ -286,7 +286,7 @@ def values_text(defaults: dict[str, Any], gpupool_tag: str, nats_tag: str) -> st
         "# holds the URL with its credentials, e.g. nats://user:password@nats.example:4222)",
         "nodeExecutor:": "# where the node-executor runs: the GPU nodes (node selection)",
         "  defaultQosConfig:": "  # the QoS of a GPU-sharing node without the QoS annotation, in the\n"
-        "  # annotation's JSON, e.g. '{\"preemptEnabled\": true, \"podMaxDurationMinutes\": 120}'\n"
+        '  # annotation\'s JSON, e.g. \'{"preemptEnabled": true, "podMaxDurationMinutes": 120}\'\n'
         "  # ('': none, such a node does not preempt; a node's own annotation always wins)",
         "monitoring:": "# ServiceMonitor and PrometheusRule (needs the Prometheus Operator's CRDs)",
     }
