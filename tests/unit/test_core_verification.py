@@ -125,3 +125,50 @@ def test_a_pod_deleted_while_holding_a_gpu_and_never_released_is_found() -> None
         [Released(pod=ref("a"), node=NODE, reason="cancelled", gpu_index=0)],
     )
     assert check_liveness_and_optimality(released) == []
+
+
+def raced_log(
+    *, cause_of_backfill: str, then_assign_head: bool
+) -> list[tuple[int, list[Envelope]]]:
+    """r holds the GPU; a (60) heads the queue, c (40) behind it. r's Released makes room for a;
+    a decision appended just after it backfills c, caused by ``cause_of_backfill``."""
+    given = topology(1, running=[Run("r", 0, 100)], waiting=[Wait("a", 60), Wait("c", 40)])
+    log = entries(given)
+    ready_of_a = next(
+        e.id for _, es in log for e in es if getattr(e.event, "pod", None) == ref("a")
+    )
+    release = Envelope(
+        id="release-r",
+        time=at(30),
+        event=Released(pod=ref("r"), node=NODE, reason="completed", exit_code=0, gpu_index=0),
+    )
+    log.append((len(log) + 1, [release]))
+    cause = {"ready-of-a": ready_of_a, "release": release.id}[cause_of_backfill]
+    backfill = Envelope(id="backfill-c", time=at(31), event=assigned("c", 0), causation_id=cause)
+    log.append((len(log) + 1, [backfill]))
+    if then_assign_head:
+        head = Envelope(id="assign-a", time=at(32), event=assigned("a", 0), causation_id=release.id)
+        log.append((len(log) + 1, [head]))
+    return log
+
+
+def test_a_decision_that_reacted_to_an_entry_before_the_room_was_made_is_judged_by_the_next() -> (
+    None
+):
+    """Its expectation covered only claims: the Released appended meanwhile did not refuse it."""
+    log = raced_log(cause_of_backfill="ready-of-a", then_assign_head=True)
+    assert check_liveness_and_optimality(log) == []
+
+
+def test_a_raced_decision_not_followed_by_one_that_serves_the_head_is_found_at_the_end() -> None:
+    log = raced_log(cause_of_backfill="ready-of-a", then_assign_head=False)
+    findings = check_liveness_and_optimality(log)
+    assert [f.pod for f in findings] == ["default/a"]
+    assert "until the end of the log" in findings[0].message
+
+
+def test_a_decision_that_knew_of_the_room_and_left_the_head_waiting_is_found() -> None:
+    log = raced_log(cause_of_backfill="release", then_assign_head=False)
+    findings = check_liveness_and_optimality(log)
+    assert [f.pod for f in findings] == ["default/a"]
+    assert "scheduling decision" in findings[0].message

@@ -9,7 +9,12 @@ more than needed. Each finding names the first log entry that breaks the rule:
   decision (the admission-queue reacts to the entry that made room), not longer:
   it is a finding when a scheduling decision for the node (an entry that assigns
   there) leaves it so, or when the log ends so. The finding names the entry after
-  which the head first fitted.
+  which the head first fitted. A decision caused by an entry *before* the one that
+  made room (its envelope's ``causation_id``) may not have seen it: an Assigned's
+  expectation covers only other claims, so a Released appended meanwhile does not
+  refuse it (docs/eventlog.md). Such a decision does not end the head's one
+  decision; the next one, or the end of the log, judges it. A decision that names
+  no cause is judged strictly.
 * **minimal victim set**: a preemption's victims (the Preempted events of one
   decision; in logs written before decisions were single entries, consecutive
   Preempted entries for the same preemptor) are no more than the smallest set the
@@ -77,6 +82,8 @@ class LivenessChecker:
     _stalls: dict[str, _Stall] = field(default_factory=dict)
     _preemptions: dict[str, _Preemption] = field(default_factory=dict)
     _removed: dict[PodRef, tuple[int, Envelope]] = field(default_factory=dict)
+    _seq_of_id: dict[str, int] = field(default_factory=dict)
+    """The sequence of every envelope folded, by id: where a decision's cause lies."""
 
     def entry(self, seq: int, envelopes: Sequence[Envelope]) -> None:
         """Fold one log entry (the envelopes of one decision, sharing ``seq``)."""
@@ -95,10 +102,13 @@ class LivenessChecker:
         for envelope in envelopes:
             evolve(self.state, envelope)
             self._note_removal(seq, envelope)
+            self._seq_of_id.setdefault(envelope.id, seq)
         if before is not None:
             self._open_or_extend_preemption(seq, preempted, before)
         for node in nodes:
-            self._check_stall(seq, envelopes[0], node, decided=node in assigns)
+            self._check_stall(
+                seq, envelopes[0], node, decided=node in assigns, cause=self._cause(envelopes)
+            )
 
     def finish(self) -> list[Finding]:
         for node in list(self._preemptions):
@@ -155,7 +165,16 @@ class LivenessChecker:
         gpu = choose_gpu(usage, queue[0].limits)
         return None if gpu is None else (queue[0], gpu)
 
-    def _check_stall(self, seq: int, envelope: Envelope, node: str, *, decided: bool) -> None:
+    def _cause(self, envelopes: Sequence[Envelope]) -> int | None:
+        """The sequence of the entry a decision reacted to, if it names one this log holds."""
+        for envelope in envelopes:
+            if isinstance(envelope.event, Assigned) and envelope.causation_id:
+                return self._seq_of_id.get(envelope.causation_id)
+        return None
+
+    def _check_stall(
+        self, seq: int, envelope: Envelope, node: str, *, decided: bool, cause: int | None = None
+    ) -> None:
         fitting = self._fitting_head(node)
         open_stall = self._stalls.get(node)
         if fitting is None:
@@ -167,8 +186,8 @@ class LivenessChecker:
                 seq=seq, envelope=envelope, head=head.ref, gpu=gpu
             )
         open_stall.gpu = gpu
-        if decided:
-            open_stall.decided_at = seq
+        if decided and (cause is None or cause >= open_stall.seq or open_stall.seq == seq):
+            open_stall.decided_at = seq  # it knew of the room: its decision was the one
 
     def _decision_left_room(self, node: str, stall: _Stall) -> None:
         self._find(
