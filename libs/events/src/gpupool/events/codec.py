@@ -25,6 +25,7 @@ raises :class:`EventDecodeError` saying why: never any other exception.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -77,7 +78,40 @@ def _probe_version(data: bytes) -> int:
     return version
 
 
+MAX_JSON_DEPTH = 32
+"""Deeper than any entry of the log nests (a decision entry: about 6)."""
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _json_depth(data: bytes) -> int:
+    """How deep ``data`` nests arrays and objects (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_JSON_STRING.sub(b"", data)):
+        if bracket in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _check_depth(data: bytes, what: str) -> None:
+    """Refuse nesting past MAX_JSON_DEPTH before decoding: where the decoder's own limit lies
+    depends on the interpreter (3.11 raises RecursionError at 1,000; 3.12 may decode on)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return  # cannot nest deeper than it has brackets
+    depth = _json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise EntryTooDeep(
+            f"{what}: JSON nested deeper than the decoder reads "
+            f"({depth} levels; an entry of the log nests at most {MAX_JSON_DEPTH})"
+        )
+
+
 def _decode_bounded(decoder: msgspec.json.Decoder[Any], data: bytes, what: str) -> Any:
+    _check_depth(data, what)
     try:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:
