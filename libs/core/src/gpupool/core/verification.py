@@ -26,6 +26,7 @@ more than needed. Each finding names the first log entry that breaks the rule:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +35,9 @@ from gpupool.core.placement import choose_gpu, fits, gpu_usage, ready_queue, sub
 from gpupool.core.preemption import plan_preemption
 from gpupool.core.state import PodState, State
 from gpupool.events import Assigned, Envelope, PodRef, PodRemoved, Preempted, event_tag
+
+CAUSE_WINDOW = 65_536
+"""How many recent envelope ids verify keeps to find a decision's cause (bounded memory)."""
 
 RULES = (
     "no idle room beside a waiting head that fits for longer than one decision",
@@ -82,8 +86,9 @@ class LivenessChecker:
     _stalls: dict[str, _Stall] = field(default_factory=dict)
     _preemptions: dict[str, _Preemption] = field(default_factory=dict)
     _removed: dict[PodRef, tuple[int, Envelope]] = field(default_factory=dict)
-    _seq_of_id: dict[str, int] = field(default_factory=dict)
-    """The sequence of every envelope folded, by id: where a decision's cause lies."""
+    _seq_of_id: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    """The sequence of the last CAUSE_WINDOW envelopes folded, by id: where a decision's
+    cause lies (a cause older than that is not found, and the decision judged strictly)."""
 
     def entry(self, seq: int, envelopes: Sequence[Envelope]) -> None:
         """Fold one log entry (the envelopes of one decision, sharing ``seq``)."""
@@ -103,6 +108,8 @@ class LivenessChecker:
             evolve(self.state, envelope)
             self._note_removal(seq, envelope)
             self._seq_of_id.setdefault(envelope.id, seq)
+            if len(self._seq_of_id) > CAUSE_WINDOW:
+                self._seq_of_id.popitem(last=False)
         if before is not None:
             self._open_or_extend_preemption(seq, preempted, before)
         for node in nodes:
