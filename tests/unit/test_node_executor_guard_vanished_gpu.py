@@ -130,7 +130,11 @@ def test_pods_on_a_vanished_gpu_are_not_guarded_and_the_others_are(
             pids=frozenset({pids[2]}),
         ),
         GuardedWorkload(
-            pod=ON_KEPT, gpu_uuid=KEPT.uuid, memory_limit_bytes=40 * GIB, pids=frozenset({pids[0]})
+            pod=ON_KEPT,
+            gpu_uuid=KEPT.uuid,
+            memory_limit_bytes=40 * GIB,
+            pids=frozenset({pids[0]}),
+            leader=pids[0],  # its group's other members are found among the sampled pids
         ),
     ]
 

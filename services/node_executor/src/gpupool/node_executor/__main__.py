@@ -148,6 +148,7 @@ def main() -> None:
             common_options(args),
             stop,
             registry_factory=lambda projection: executor_registry(projection, readings),
+            partition=args.node_name,  # its own node's entries only
         )
 
     serve(run, log_level=args.log_level)

@@ -84,6 +84,7 @@ from gpupool.node_executor.processes import (
     WorkloadStartFailed,
     credentials_of,
     group_members,
+    leader_exited,
 )
 from gpupool.node_executor.socket_refusals import RefusalSummary
 from gpupool.node_executor.workload_socket import Channel, SocketLimits, WorkloadSocketServer
@@ -589,7 +590,9 @@ class NodeExecutor:
     # ------------------------------------------------------------------ a pod's life
 
     def _pod(self, ref: PodRef) -> PodState | None:
-        return self.loop.projection.state.pods.get(ref)
+        """The pod as this node's entries have it (None: not a pod of this node)."""
+        pod = self.loop.projection.state.pods.get(ref)
+        return pod if pod is not None and pod.node == self.node else None
 
     def _grace_seconds(self) -> float:
         node = self.loop.projection.state.nodes.get(self.node)
@@ -890,6 +893,8 @@ class NodeExecutor:
     # ------------------------------------------------------------------ memory guard
 
     def _guarded_workloads(self) -> list[GuardedWorkload]:
+        if self.sampler.source == "simulated":
+            return []  # the guard is inert: a simulated sample names no process to measure
         guarded = []
         for pod, session in self._sessions.items():
             state = self._pod(pod)
@@ -898,12 +903,15 @@ class NodeExecutor:
             gpu = next((g for g in self.inventory.gpus if g.index == state.gpu_index), None)
             if gpu is None:  # its GPU left the inventory: released, and ended by its session
                 continue
+            leader = session.workload.pid
             guarded.append(
                 GuardedWorkload(
                     pod=pod,
                     gpu_uuid=gpu.uuid,
                     memory_limit_bytes=memory_limit_bytes(gpu, state.limits),
-                    pids=frozenset(group_members(session.workload.pid)),
+                    # no scan of /proc: the guard asks which sampled pids are the leader's
+                    pids=frozenset() if leader_exited(leader) else frozenset({leader}),
+                    leader=max(leader, 0),
                 )
             )
         for pod, pids in self.hooked.processes().items():
