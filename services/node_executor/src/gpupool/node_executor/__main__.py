@@ -140,7 +140,13 @@ def main() -> None:
         == "caller",
     )
 
-    readings = ExecutorReadings(args.node_name, inventory, service.sampler, service.pod_processes)
+    readings = ExecutorReadings(
+        args.node_name,
+        inventory,
+        service.sampler,
+        service.pod_processes,
+        pod_processes_among=service.pod_processes,  # the scrape's sampled pids only
+    )
 
     async def run(stop: asyncio.Event) -> None:
         await run_service(

@@ -38,6 +38,7 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Collection
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -85,6 +86,7 @@ from gpupool.node_executor.processes import (
     credentials_of,
     group_members,
     leader_exited,
+    process_groups,
 )
 from gpupool.node_executor.socket_refusals import RefusalSummary
 from gpupool.node_executor.workload_socket import Channel, SocketLimits, WorkloadSocketServer
@@ -880,13 +882,24 @@ class NodeExecutor:
         await session.send(Exited(exit_code=termination.exit_code, reason="preempted"))
         return False
 
-    def pod_processes(self) -> dict[PodRef, list[int]]:
-        """The live processes of each running workload (for the per-pod GPU metrics)."""
-        processes = {
-            pod: group_members(session.workload.pid)
+    def pod_processes(self, among: Collection[int] | None = None) -> dict[PodRef, list[int]]:
+        """The live processes of each running workload (for the per-pod GPU metrics).
+
+        With ``among`` (the pids a GPU sample names) only those of them: one stat read per
+        pid, no scan of ``/proc`` (what a scrape asks, through ``ExecutorReadings``)."""
+        leaders = {
+            pod: session.workload.pid
             for pod, session in self._sessions.items()
             if session.workload is not None and session.workload.pid > 0
         }
+        if among is None:
+            processes = {pod: group_members(leader) for pod, leader in leaders.items()}
+        else:
+            groups = process_groups(among)
+            processes = {
+                pod: sorted(pid for pid, ids in groups.items() if leader in ids)
+                for pod, leader in leaders.items()
+            }
         processes.update(self.hooked.processes())
         return processes
 
