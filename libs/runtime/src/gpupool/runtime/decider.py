@@ -1,9 +1,11 @@
 """The loop every service runs around the pure core: rebuild, consume, decide, append, ack.
 
-* **rebuild**: fold the whole log (ordered replay) into a Projection.
+* **rebuild**: fold the whole log (ordered replay) into a Projection; with
+  ``partition=node`` (the node-executor), only that node's entries.
 * **consume**: a durable subscription per service instance (each replica folds
-  every entry; the durable lets a restarted instance resume where it acked), in
-  batches: everything already delivered is folded before the service reacts.
+  every entry, or every entry of its partition; the durable lets a restarted instance
+  resume where it acked), in batches: everything already delivered is folded before
+  the service reacts.
 * **decide + append**: ``execute`` runs ``core.decide`` on the projection and
   appends the events, as ONE entry (all or nothing), with an optimistic-concurrency
   expectation on the entries that could make the decision wrong
