@@ -2,7 +2,7 @@
 manifest is a specific error; the purge rule; checkpoints fold to what a fold from zero gives.
 
 The stream side (export from a real nats-server, purge, services restarting) is in
-tests/integration/test_eventlog_archive.py."""
+tests/integration/test_eventlog_retention.py."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import yaml
 from gpupool.core.simulation import Scenario, simulate
 from gpupool.eventlog.archive import (
     Archive,
+    ArchiveError,
     ArchiveGap,
     ChainBroken,
     PurgeRefused,
@@ -213,3 +214,15 @@ def test_a_purge_past_what_a_reader_can_start_from_is_refused_saying_why(
 ) -> None:
     with pytest.raises(PurgeRefused, match=reason):
         purge(up_to, **changes)
+
+
+def test_one_writer_at_a_time_holds_the_archive(tmp_path: Path) -> None:
+    archive = Archive(tmp_path)
+    with (
+        archive.locked(),
+        pytest.raises(ArchiveError, match="another `gpupool log archive`"),
+        Archive(tmp_path).locked(),
+    ):
+        pass
+    with archive.locked():  # released: taken again
+        pass

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 import yaml
 
+from conftest import delete_stream, unique_stream
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.cli.main import main
 from gpupool.core.simulation import Scenario, simulate
@@ -168,6 +169,30 @@ async def test_a_purge_nobody_archived_first_cannot_be_archived_over(
     other = str(tmp_path / "other")
     assert await cli("log", "archive", *where, "--to", other) == 1
     assert "entries 1..6 were purged without being archived" in capfd.readouterr().err
+
+
+async def test_a_purge_with_the_archive_of_another_stream_is_refused(
+    nats_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    logs = []
+    for _ in range(2):
+        stream, prefix = unique_stream()
+        logs.append(await JetStreamEventLog.connect(nats_url, stream=stream, subject_prefix=prefix))
+    try:
+        for log in logs:
+            await filled(log)
+        target = str(tmp_path / "archive")
+        assert await cli("log", "archive", *source(nats_url, logs[0]), "--to", target) == 0
+        other = source(nats_url, logs[1])
+        assert await cli("log", "archive", *other, "--to", target, "--up-to", "99") == 1
+        assert "ends at sequence 16: cannot archive up to 99" in capfd.readouterr().err
+        assert await cli("log", "purge", *other, "--archive", target, "--up-to", "16") == 1
+        assert f"is of stream {logs[0].stream}, not {logs[1].stream}" in capfd.readouterr().err
+        assert len(await stream_messages(nats_url, logs[1], 16)) == 16  # nothing purged
+    finally:
+        for log in logs:
+            await log.close()
+            await delete_stream(nats_url, log.stream)
 
 
 @pytest.fixture
