@@ -19,12 +19,14 @@ import yaml
 from conftest import delete_stream, unique_stream
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.cli.main import main
+from gpupool.core import RemovePod
 from gpupool.core.simulation import Scenario, simulate
 from gpupool.eventlog import JetStreamEventLog
-from gpupool.eventlog.archive import Archive, checkpoint_name, segment_name
+from gpupool.eventlog.archive import Archive, StreamOperator, checkpoint_name, segment_name
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.eventlog.reader import ReadOnlyLog
-from gpupool.events import Envelope
+from gpupool.events import Envelope, event_node
+from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.projection import metrics_projection
 from gpupool.runtime.service import LogPurgedPastSnapshot, ServiceOptions, run_service
 from gpupool.runtime.snapshot import decode_snapshot
@@ -193,6 +195,32 @@ async def test_a_purge_with_the_archive_of_another_stream_is_refused(
         for log in logs:
             await log.close()
             await delete_stream(nats_url, log.stream)
+
+
+async def test_deciders_append_for_nodes_whose_entries_were_all_purged(
+    nats_url: str, jetstream_log: JetStreamEventLog
+) -> None:
+    """After a purge a node's subjects may hold no entry: the server's last sequence for them
+    is 0, below what the projection folded. A decision there must land, not conflict for ever
+    (every writer's expectations: the node's, and one writer's)."""
+    await filled(jetstream_log)
+    loop = DeciderLoop(jetstream_log, service="admission-queue", projection=metrics_projection())
+    await loop.rebuild()
+    last = loop.projection.last_seq
+    operator = await StreamOperator.connect(
+        nats_url, stream=jetstream_log.stream, subject_prefix=jetstream_log.subject_prefix
+    )
+    try:
+        await operator.purge_through(last)
+        assert await operator.sequences() == (last + 1, last)
+    finally:
+        await operator.close()
+    node = event_node(ENVELOPES[0].event)
+    pods = [pod for pod in loop.projection.state.pods.values() if pod.node == node]
+    removed = await loop.execute(RemovePod(pod=pods[0].ref, node=node), node=node)
+    assert [type(event).__name__ for event in removed] == ["PodRemoved"]
+    assert loop.projection.last_seq == last + 1
+    assert loop.conflicts == 1  # the one refused append that taught it the purge
 
 
 @pytest.fixture
