@@ -292,12 +292,11 @@ class DeciderLoop:
                         f"decided event for {event_node(event)!r} while executing for {node!r}"
                     )
             scope = expectation_writer(command, events, self.writer)
+            expected = self.projection.expected_node_seq(node, scope)
             try:
                 # One decision, one entry: it lands whole or not at all.
                 seq = await self.log.append_decision(
-                    envelopes,
-                    expected_node_seq=self.projection.expected_node_seq(node, scope),
-                    expected_writer=scope,
+                    envelopes, expected_node_seq=expected, expected_writer=scope
                 )
             except ConcurrencyConflict as conflict:
                 self.conflicts += 1
@@ -307,6 +306,15 @@ class DeciderLoop:
                     and self.projection.learn_writer_seq(node, scope, conflict.actual)
                 ):
                     continue  # nothing unseen: only the subject's number was missing
+                if conflict.actual is not None and conflict.actual < expected:
+                    # The log shrinks only by an operator's purge (docs/eventlog.md,
+                    # "Retention"): the subject's entries up to `expected` are gone and none
+                    # came after them (it would be above `expected`): expect what is there.
+                    if scope is None:
+                        self.projection.node_seq[node] = conflict.actual
+                    else:
+                        self.projection.writer_seq[(node, scope)] = conflict.actual
+                    continue
                 log.info("%s: %s; catching up and deciding again", self.service, conflict)
                 await self._catch_up()
                 continue

@@ -40,6 +40,10 @@ from gpupool.runtime.snapshot_store import (
 log = logging.getLogger(__name__)
 
 
+class LogPurgedPastSnapshot(RuntimeError):
+    """The stream was purged past what the service's snapshot covers: it cannot rebuild."""
+
+
 class ServiceOptions(msgspec.Struct, kw_only=True):
     nats_url: str
     http_host: str
@@ -214,6 +218,19 @@ async def run_service(
                 projection = projection_factory()
         else:
             projection = projection_factory()
+        first = await event_log.first_seq()
+        if first > projection.last_seq + 1:
+            where = (
+                str(snapshots.path)
+                if snapshots is not None
+                else "<snapshot-dir>/<service>-<instance>.snapshot (and set --snapshot-dir)"
+            )
+            raise LogPurgedPastSnapshot(
+                f"{service.name}: the log starts at sequence {first} (entries before it were "
+                f"purged) but this service's state covers only up to {projection.last_seq}: "
+                f"a rebuild would miss them. Start it from the archive's checkpoint: copy "
+                f"checkpoint-<N>.snapshot (N >= {first - 1}) to {where}"
+            )
         loop = DeciderLoop(
             event_log, service=service.name, projection=projection, partition=partition
         )
