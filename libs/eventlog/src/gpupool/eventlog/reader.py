@@ -1,10 +1,11 @@
 """Reading the JetStream log without any right to change it: for the audit commands and the console.
 
 :class:`ReadOnlyLog` never creates the stream, never creates a durable consumer and
-never publishes. It reads with *ordered consumers* (ephemeral, flow-controlled, the
-server pushes each entry as it is appended), so a NATS user that may only look at
-the stream and create an ephemeral consumer on it is enough (docs/console.md lists
-the permissions). :meth:`ReadOnlyLog.entries` reads up to a sequence, or follows the
+never publishes. Without a credential it reads with *ordered consumers* (ephemeral,
+flow-controlled, the server pushes each entry as it is appended); with one (the
+``reader`` user) through the reader's own replay consumers
+(:mod:`gpupool.eventlog.named_replay`), since no credential may use the nameless
+consumer create that ordered consumers need. :meth:`ReadOnlyLog.entries` reads up to a sequence, or follows the
 log for as long as it is iterated: no polling.
 """
 
@@ -15,11 +16,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 from nats.js import api
 
-from gpupool.eventlog.credentials import connect_options
+from gpupool.eventlog.credentials import READER, connect_options
+from gpupool.eventlog.named_replay import named_replay
 from gpupool.eventlog.port import Entry, read_entries
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
 
@@ -33,8 +36,12 @@ class StreamMissing(LookupError):
 
 
 class ReadOnlyLog:
-    def __init__(self, nc: Any, *, stream: str, subject_prefix: str) -> None:
+    def __init__(
+        self, nc: Any, *, stream: str, subject_prefix: str, consumer_base: str | None = None
+    ) -> None:
         self._nc = nc
+        self.consumer_base = consumer_base
+        """With a credential: the user whose own replay consumers it reads through."""
         self._js = nc.jetstream()
         self.stream = stream
         self.subject_prefix = subject_prefix
@@ -60,7 +67,15 @@ class ReadOnlyLog:
             raise ConnectionError(
                 f"no NATS server answered at {url} within {connect_timeout}s"
             ) from exc
-        return cls(nc, stream=stream, subject_prefix=subject_prefix)
+        return cls(
+            nc,
+            stream=stream,
+            subject_prefix=subject_prefix,
+            # authenticated (a credential, or a user in the URL): the reader's own consumers
+            consumer_base=None
+            if credentials is None and urlsplit(url).username is None
+            else READER,
+        )
 
     async def last_seq(self) -> int:
         try:
@@ -77,6 +92,19 @@ class ReadOnlyLog:
         A decision entry yields each of its envelopes, all with the entry's sequence."""
         start = max(from_seq, 1)
         if until_seq is not None and until_seq < start:
+            return
+        if self.consumer_base is not None:  # an authenticated reader: its own replay slots
+            async for msg in named_replay(
+                self._nc,
+                stream=self.stream,
+                base=self.consumer_base,
+                subject_filter=f"{self.subject_prefix}.>",
+                start=start,
+                until=until_seq,
+            ):
+                seq = int(msg.metadata.sequence.stream)
+                for entry in read_entries(seq, msg.subject, msg.data):
+                    yield entry
             return
         buffer: asyncio.Queue[Any] = asyncio.Queue(maxsize=BUFFER)
 

@@ -24,6 +24,7 @@ import msgspec
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gpupool.eventlog.durables import durable_base
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
 from gpupool.runtime.decider import DeciderLoop
@@ -94,7 +95,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) 
     parser.add_argument(
         "--instance",
         default=env("GPUPOOL_INSTANCE", socket.gethostname()),
-        help="this replica's name: its durable consumer is <service>-<instance>",
+        help="this replica's name (unique among the service's replicas): it claims one of "
+        "the service's durable consumers under it, and resumes it after a restart",
     )
     parser.add_argument(
         "--snapshot-dir",
@@ -177,6 +179,11 @@ async def run_service(
             writer=service.name,
             credentials=options.nats_credentials,
             tls_ca=options.nats_ca,
+            claimant=options.instance,
+            # with credentials: read only through the user's own consumers (no other's)
+            consumer_base=None
+            if options.nats_credentials is None
+            else durable_base(service.name, getattr(service, "node", None)),
         )
         stack.push_async_callback(event_log.close)
         snapshots: FileSnapshotStore | None = None
@@ -228,7 +235,8 @@ async def run_service(
         await service.start(loop, stack)
         consumer = asyncio.create_task(
             loop.consume(
-                f"{service.name}-{options.instance}",
+                # one of the user's durables <user>-0 … -7, claimed for this instance
+                durable_base(service.name, getattr(service, "node", None)),
                 service.react,
                 react_batch=getattr(service, "react_batch", None),
             )
