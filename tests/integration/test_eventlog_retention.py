@@ -240,19 +240,28 @@ def service_logs() -> Iterator[list[str]]:
 
 
 async def run_until_rebuilt(options: ServiceOptions, seen: list[str]) -> None:
-    """Start the admission-queue, wait until it has rebuilt, stop it (it saves its snapshot)."""
+    """Start the admission-queue, wait until it has rebuilt and holds its durable consumer,
+    stop it (it saves its snapshot)."""
     stop = asyncio.Event()
     count = len(seen)
     service = asyncio.create_task(
         run_service(AdmissionQueue(), options, stop, projection_factory=metrics_projection)
     )
+    operator = await StreamOperator.connect(options.nats_url, stream=options.stream)
+
+    async def consuming() -> bool:  # the durable is claimed after the rebuild is logged
+        return f"admission-queue-{options.instance}" in await operator.durables()
+
     try:
-        async with asyncio.timeout(30):
-            while not any("rebuilt from" in line for line in seen[count:]):
+        async with asyncio.timeout(60):
+            while not any("rebuilt from" in line for line in seen[count:]) or not (
+                await consuming()
+            ):
                 done, _ = await asyncio.wait({service}, timeout=0.05)
                 if done:
                     await service  # it failed: raise what it raised
     finally:
+        await operator.close()
         stop.set()
         async with asyncio.timeout(30):
             await asyncio.gather(service, return_exceptions=True)

@@ -24,9 +24,9 @@ import msgspec
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gpupool.eventlog.durables import durable_base
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
-from gpupool.eventlog.subjects import node_token
 from gpupool.events import NODELESS
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.http import HttpEndpoint
@@ -100,7 +100,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) 
     parser.add_argument(
         "--instance",
         default=env("GPUPOOL_INSTANCE", socket.gethostname()),
-        help="this replica's name: its durable consumer is <service>-<instance>",
+        help="this replica's name (unique among the service's replicas): it claims one of "
+        "the service's durable consumers under it, and resumes it after a restart",
     )
     parser.add_argument(
         "--snapshot-dir",
@@ -186,6 +187,11 @@ async def run_service(
             writer=service.name,
             credentials=options.nats_credentials,
             tls_ca=options.nats_ca,
+            claimant=options.instance,
+            # with credentials: read only through the user's own consumers (no other's)
+            consumer_base=None
+            if options.nats_credentials is None
+            else durable_base(service.name, getattr(service, "node", None)),
         )
         stack.push_async_callback(event_log.close)
         snapshots: FileSnapshotStore | None = None
@@ -260,12 +266,10 @@ async def run_service(
             loop.projection.last_seq,
         )
         await service.start(loop, stack)
-        durable = f"{service.name}-{options.instance}"
-        if partition is not None:  # its own durable: one filtered on the node's subjects
-            durable += f"-{node_token(partition)}"
         consumer = asyncio.create_task(
             loop.consume(
-                durable,
+                # one of the user's durables <user>-0 … -7, claimed for this instance
+                durable_base(service.name, getattr(service, "node", None)),
                 service.react,
                 react_batch=getattr(service, "react_batch", None),
             )
