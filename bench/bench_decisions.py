@@ -253,7 +253,12 @@ async def consume(loop: DeciderLoop, service: AdmissionQueue) -> None:
     if batch is None:  # before batched consumption
         await loop.consume("bench-aq", service.react)
     else:
-        await loop.consume("bench-aq", service.react, react_batch=batch)
+        await loop.consume(
+            "bench-aq",
+            service.react,
+            react_batch=batch,
+            ack_before_reacting=getattr(service, "ack_before_reacting", False),
+        )
 
 
 async def burst(server: Server, pods: int, nodes: int) -> tuple[float, int]:

@@ -206,7 +206,16 @@ async def test_two_admission_queue_replicas_never_double_book_under_a_burst_of_1
             await loop.rebuild()
             service = AdmissionQueue()
             await service.start(loop, stack)
-            consumers.append(asyncio.create_task(loop.consume(f"aq-{number}", service.react)))
+            consumers.append(
+                asyncio.create_task(
+                    loop.consume(
+                        f"aq-{number}",
+                        service.react,
+                        react_batch=service.react_batch,
+                        ack_before_reacting=service.ack_before_reacting,
+                    )
+                )
+            )
         # the burst: every pod becomes ready at once, pipelined by the node-executor
         await logs["node-executor"].append_many(
             [envelope(PodReady(pod=pod, node=node_name(i % NODES))) for i, pod in enumerate(pods)]

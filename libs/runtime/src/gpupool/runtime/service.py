@@ -231,6 +231,7 @@ async def run_service(
                 f"{service.name}-{options.instance}",
                 service.react,
                 react_batch=getattr(service, "react_batch", None),
+                ack_before_reacting=getattr(service, "ack_before_reacting", False),
             )
         )
         if snapshots is not None:

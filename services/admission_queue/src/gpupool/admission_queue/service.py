@@ -19,6 +19,9 @@ from gpupool.runtime.decider import DeciderLoop, last_entry_per_node
 
 class AdmissionQueue:
     name = "admission-queue"
+    ack_before_reacting = True
+    """Its reactions are decided from the folded state alone, and ``start`` decides for every
+    node: a batch is acked once folded (``DeciderLoop.consume``)."""
 
     def __init__(self) -> None:
         self._loop: DeciderLoop | None = None
