@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -73,6 +74,7 @@ except ImportError:  # pragma: no cover
 
 from gpupool.eventlog import JetStreamEventLog
 from gpupool.eventlog.nats_server import run_nats_server
+from gpupool.eventlog.subjects import subject_for
 from gpupool.events import (
     Assigned,
     Envelope,
@@ -85,6 +87,7 @@ from gpupool.events import (
     PodRegistered,
     QosConfig,
     Share,
+    encode_envelope,
 )
 from gpupool.runtime.decider import DeciderLoop
 
@@ -252,17 +255,95 @@ async def consume(loop: DeciderLoop, service: AdmissionQueue) -> None:
     batch = getattr(service, "react_batch", None)
     if batch is None:  # before batched consumption
         await loop.consume("bench-aq", service.react)
+    elif not hasattr(service, "ack_before_reacting"):  # before acks left the decision path
+        await loop.consume("bench-aq", service.react, react_batch=batch)
     else:
         await loop.consume(
             "bench-aq",
             service.react,
             react_batch=batch,
-            ack_before_reacting=getattr(service, "ack_before_reacting", False),
+            ack_before_reacting=service.ack_before_reacting,
         )
 
 
-async def burst(server: Server, pods: int, nodes: int) -> tuple[float, int]:
-    """Placements per second of one admission-queue for a burst of ``pods`` PodReady."""
+PUBLISHER = r"""
+import asyncio, json, sys
+import nats
+
+async def main(url, path):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    with open(path) as file:
+        items = json.load(file)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    futures = [
+        await js.publish_async(subject, data.encode(), headers=headers)
+        for subject, data, headers in items
+    ]
+    await asyncio.gather(*futures)
+    await nc.close()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+"""A node-executor's burst from its own process: the PodReady, pipelined with publish_async
+(the headers ``append_many`` sends), once told to go."""
+
+
+class SeparatePublisher:
+    """The burst's PodReady published by another process (as a node-executor is deployed)."""
+
+    def __init__(
+        self, url: str, log: JetStreamEventLog, envelopes: list[Envelope], workdir: Path
+    ) -> None:
+        path = workdir / f"burst-{uuid.uuid4().hex[:8]}.json"
+        path.write_text(
+            json.dumps(
+                [
+                    [
+                        subject_for(e.event, prefix=log.subject_prefix, writer=log.writer),
+                        encode_envelope(e).decode(),
+                        {"Nats-Msg-Id": e.id, "Nats-Expected-Stream": log.stream},
+                    ]
+                    for e in envelopes
+                ]
+            )
+        )
+        self.url = url
+        self.path = path
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> SeparatePublisher:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            PUBLISHER,
+            self.url,
+            str(self.path),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert self.process.stdout is not None
+        await self.process.stdout.readline()  # connected and loaded
+        return self
+
+    def go(self) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self.process is not None
+        await self.process.wait()
+        self.path.unlink()
+
+
+async def burst(
+    server: Server, pods: int, nodes: int, *, separate: Path | None = None
+) -> tuple[float, int]:
+    """Placements per second of one admission-queue for a burst of ``pods`` PodReady.
+
+    The PodReady are appended by this process (``append_many``), or, with ``separate`` (a
+    scratch folder), by another process."""
     gpus = max(1, -(-pods // nodes // 100))
     setup, executor_log, admission_log = await server.stream(
         "policy", "node-executor", "admission-queue"
@@ -292,8 +373,15 @@ async def burst(server: Server, pods: int, nodes: int) -> tuple[float, int]:
         await service.start(admission, stack)
         consumer = asyncio.create_task(consume(admission, service))
         ready = [wrap(PodReady(pod=ref, node=node_of[ref])) for ref in refs]
-        started = time.perf_counter()
-        await executor_log.append_many(ready)
+        if separate is None:
+            started = time.perf_counter()
+            await executor_log.append_many(ready)
+        else:
+            publisher = await stack.enter_async_context(
+                SeparatePublisher(server.url, executor_log, ready, separate)
+            )
+            started = time.perf_counter()
+            publisher.go()
         try:
             async with asyncio.timeout(120):
                 await done.wait()

@@ -153,6 +153,8 @@ class DeciderLoop:
         self._consumer_lock = asyncio.Lock()
         self._unacked_held = 0
         self._acks_first = False
+        self._batch_folded = asyncio.Event()
+        """Set (and replaced) each time ``consume`` has folded a batch."""
         """``consume(ack_before_reacting=True)``: deliveries are acked once folded."""
         """Deliveries ``consume`` holds unacknowledged (its batch, while it reacts to it)."""
         self._refusals: list[Undecodable] = []
@@ -320,10 +322,14 @@ class DeciderLoop:
         refused an append); False: not possible here, catch up with a replay instead.
 
         The durable delivers in stream order, so once ``actual`` is folded every earlier
-        entry of the consumer's subjects is too. What this takes from the consumer is
-        folded now, reacted to and acked by ``consume`` after the current reaction (the
-        events are marked as caught up, as a replay's are). An unreadable or refused
-        entry among them needs the log's end before it is recorded: a replay follows.
+        entry of the consumer's subjects is too. While ``consume`` is reacting (it does
+        not read the consumer then), what this takes from the consumer is folded now,
+        reacted to and acked by ``consume`` after the current reaction (the events are
+        marked as caught up, as a replay's are). While ``consume`` waits on the consumer
+        (a decision running beside it: a pipelined service), this waits until it has
+        folded ``actual``; ``consume`` reacts to those entries as to any. An unreadable
+        or refused entry among them needs the log's end before it is recorded: a replay
+        follows.
         """
         subscription = self._subscription
         if subscription is None or actual is None or self._folded(actual):
@@ -332,36 +338,42 @@ class DeciderLoop:
             # the server holds back deliveries past the durable's ack-pending limit (1,000)
             return False
         unreadable: list[Undecodable] = []
-        async with self._consumer_lock:
-            if not self._reacting:  # consume waits on the consumer itself
-                return False
-            try:
-                async with asyncio.timeout(CATCH_UP_WAIT_S):
-                    while not self._folded(actual):
-                        ready = subscription.take_ready(CONSUME_BATCH)
-                        if not ready:
-                            ready = [await subscription.__anext__()]
-                        self._taken += ready
-                        for delivery in ready:
-                            if not self._folded(delivery.seq):
-                                for entry in delivery.entries:
-                                    if not self.fold(entry):
-                                        continue
-                                    if isinstance(entry, StoredEvent):
-                                        self._mark_caught_up(entry)
-                                    else:
-                                        unreadable.append(entry)
-                            if self._acks_first:
-                                await delivery.ack()  # the server's ack-pending limit stays free
-                            else:
-                                self._unacked_held += 1
-            except (TimeoutError, StopAsyncIteration):
-                log.info("%s: entry %d not delivered in time; replaying", self.service, actual)
-                return False
+        try:
+            async with asyncio.timeout(CATCH_UP_WAIT_S):
+                async with self._consumer_lock:
+                    if self._reacting:
+                        await self._take_from(subscription, actual, unreadable)
+                while not self._folded(actual):  # consume folds it
+                    await self._batch_folded.wait()
+        except (TimeoutError, StopAsyncIteration):
+            log.info("%s: entry %d not delivered in time; replaying", self.service, actual)
+            return False
         self.catch_ups_from_consumer += 1
         if unreadable or self._refusals:
             await self._catch_up(unreadable)
         return True
+
+    async def _take_from(
+        self, subscription: Subscription, actual: int, unreadable: list[Undecodable]
+    ) -> None:
+        while not self._folded(actual):
+            ready = subscription.take_ready(CONSUME_BATCH)
+            if not ready:
+                ready = [await subscription.__anext__()]
+            self._taken += ready
+            for delivery in ready:
+                if not self._folded(delivery.seq):
+                    for entry in delivery.entries:
+                        if not self.fold(entry):
+                            continue
+                        if isinstance(entry, StoredEvent):
+                            self._mark_caught_up(entry)
+                        else:
+                            unreadable.append(entry)
+                if self._acks_first:
+                    await delivery.ack()  # the server's ack-pending limit stays free
+                else:
+                    self._unacked_held += 1
 
     async def _catch_up(self, unreadable: list[Undecodable] | None = None) -> None:
         """Fold what others appended since; their events still get a reaction in ``consume``.
@@ -428,6 +440,8 @@ class DeciderLoop:
                             if await self._take(entry):
                                 assert isinstance(entry, StoredEvent)
                                 reactions.append(entry)
+                    folded, self._batch_folded = self._batch_folded, asyncio.Event()
+                    folded.set()
                     if ack_before_reacting:
                         for taken in deliveries:
                             await taken.ack()
