@@ -8,8 +8,9 @@
   appends the events, as ONE entry (all or nothing), with an optimistic-concurrency
   expectation on the entries that could make the decision wrong
   (:func:`expectation_writer`: one writer's subject of the node, or the whole node). If another writer (a second replica) got there first, the append
-  fails with ConcurrencyConflict: the loop catches up from the log and decides
-  again, so two replicas can never both commit conflicting decisions.
+  fails with ConcurrencyConflict: the loop catches up (from its own consumer, or
+  else a replay) and decides again, so two replicas can never both commit
+  conflicting decisions.
 * **bad input**: an undecodable entry is set aside as a MessageRejected event
   naming its sequence, unless the log already holds one for it (set aside after
   the rebuild, so a rejection recorded long ago is seen first): recorded once.
