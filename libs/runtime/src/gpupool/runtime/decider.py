@@ -152,12 +152,13 @@ class DeciderLoop:
         self._taken: list[Delivery] = []
         """Deliveries a catch-up took from the consumer: folded, to react to and ack in ``consume``."""
         self._consumer_lock = asyncio.Lock()
+        """Held by a catch-up reading the consumer, and by ``consume`` taking what it took."""
         self._unacked_held = 0
+        """Deliveries ``consume`` holds unacknowledged (its batch, while it reacts to it)."""
         self._acks_first = False
+        """``consume(ack_before_reacting=True)``: deliveries are acked once folded."""
         self._batch_folded = asyncio.Event()
         """Set (and replaced) each time ``consume`` has folded a batch."""
-        """``consume(ack_before_reacting=True)``: deliveries are acked once folded."""
-        """Deliveries ``consume`` holds unacknowledged (its batch, while it reacts to it)."""
         self._refusals: list[Undecodable] = []
         """Envelopes the projection refused (admission_check), to record as MessageRejected."""
         self.writer: str = event_log.writer
