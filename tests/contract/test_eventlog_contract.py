@@ -408,6 +408,23 @@ async def test_a_decision_entry_is_delivered_as_one_message(event_log: EventLog)
         await delivery.ack()
 
 
+async def test_a_delivery_names_its_sequence_and_can_be_acked_unread(
+    event_log: EventLog,
+) -> None:
+    first = await event_log.append(wrap(ready(pod="a")))
+    garbage = await event_log.append_raw(f"{prefix_of(event_log)}._.Whatever", b"\x00")
+    async with event_log.subscribe(durable="unread") as subscription:
+        skipped = await next_delivery(subscription)
+        assert skipped.seq == first
+        await skipped.ack()  # folded before (say, its own append): nothing decoded
+        bad = await next_delivery(subscription)
+        assert bad.seq == garbage == bad.entry.seq
+        await bad.ack()
+    later = await event_log.append(wrap(ready(pod="b")))
+    async with event_log.subscribe(durable="unread") as again:
+        assert (await next_delivery(again)).seq == later  # both acked: neither comes back
+
+
 async def test_a_durable_starts_where_its_subscriber_folded_to(
     event_log: EventLog, reopen: Reopen
 ) -> None:

@@ -182,7 +182,10 @@ async def test_two_admission_queue_replicas_never_double_book_under_a_burst_of_1
         )
         for i, pod in enumerate(pods)
     ]
-    await logs["policy"].append_many([envelope(e) for e in setup + registrations])
+    inventories = [e for e in setup if isinstance(e, GpuInventoryReported)]
+    await logs["node-executor"].append_many([envelope(e) for e in inventories])  # its event
+    configured = [e for e in setup if not isinstance(e, GpuInventoryReported)]
+    await logs["policy"].append_many([envelope(e) for e in configured + registrations])
 
     claims = [0, 0]
     """Assigned each replica's projection folded that held: it is done at CAPACITY."""
@@ -206,7 +209,16 @@ async def test_two_admission_queue_replicas_never_double_book_under_a_burst_of_1
             await loop.rebuild()
             service = AdmissionQueue()
             await service.start(loop, stack)
-            consumers.append(asyncio.create_task(loop.consume(f"aq-{number}", service.react)))
+            consumers.append(
+                asyncio.create_task(
+                    loop.consume(
+                        f"aq-{number}",
+                        service.react,
+                        react_batch=service.react_batch,
+                        ack_before_reacting=service.ack_before_reacting,
+                    )
+                )
+            )
         # the burst: every pod becomes ready at once, pipelined by the node-executor
         await logs["node-executor"].append_many(
             [envelope(PodReady(pod=pod, node=node_name(i % NODES))) for i, pod in enumerate(pods)]

@@ -92,7 +92,7 @@ async def test_an_admission_queue_decides_once_per_node_of_a_burst_and_acks_it_a
         await append_as_producers(log, node_with_pods(node, 5))
     loop = DeciderLoop(log, service="admission-queue", clock=lambda: NOW)
     await loop.rebuild()
-    service = AdmissionQueue()
+    service = AdmissionQueue(pipelined=False)  # react_batch returns once it decided
     service._loop = loop
     batches: list[list[StoredEvent]] = []
     decided = asyncio.Event()

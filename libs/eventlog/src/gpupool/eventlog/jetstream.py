@@ -673,22 +673,27 @@ class JetStreamEventLog:
 
 
 class JetStreamDelivery:
-    __slots__ = ("_done", "_entries", "_msg", "_subscription")
+    """One delivered message; its bytes are decoded on first look at ``entries`` (a subscriber
+    that already folded ``seq`` acks it without decoding it)."""
 
-    def __init__(
-        self, subscription: JetStreamSubscription, msg: Msg, entries: tuple[Entry, ...]
-    ) -> None:
+    __slots__ = ("_done", "_entries", "_msg", "_subscription", "seq")
+
+    def __init__(self, subscription: JetStreamSubscription, msg: Msg, seq: int) -> None:
         self._subscription = subscription
         self._msg = msg
-        self._entries = entries
+        self.seq = seq
+        self._entries: tuple[Entry, ...] | None = None
         self._done = False
 
     @property
     def entry(self) -> Entry:
-        return self._entries[0]
+        return self.entries[0]
 
     @property
     def entries(self) -> tuple[Entry, ...]:
+        if self._entries is None:
+            msg = self._msg
+            self._entries = read_entries(self.seq, msg.subject, msg.data)
         return self._entries
 
     async def ack(self) -> None:
@@ -750,9 +755,7 @@ class JetStreamSubscription:
 
     def _deliver(self, msg: Msg) -> JetStreamDelivery:
         self._requested -= 1
-        delivery = JetStreamDelivery(
-            self, msg, read_entries(_stream_seq(msg), msg.subject, msg.data)
-        )
+        delivery = JetStreamDelivery(self, msg, _stream_seq(msg))
         self._unacked[msg.reply] = delivery
         return delivery
 

@@ -217,6 +217,10 @@ class MemoryDelivery:
         self._done = False
 
     @property
+    def seq(self) -> int:
+        return self._entries[0].seq
+
+    @property
     def entry(self) -> Entry:
         return self._entries[0]
 

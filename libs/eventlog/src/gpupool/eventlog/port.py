@@ -89,7 +89,12 @@ class Delivery(Protocol):
     """One stream message handed to a durable subscriber; ack when handled, nak to get it again.
 
     ``entries`` are its events (several for a decision entry, in order); ``entry`` is the first.
+    ``seq`` is the entry's stream sequence, known without decoding it: a subscriber that
+    already folded that sequence (its own append, a redelivery) acks it unread.
     """
+
+    @property
+    def seq(self) -> int: ...
 
     @property
     def entry(self) -> Entry: ...

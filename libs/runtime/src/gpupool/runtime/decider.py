@@ -10,8 +10,9 @@
   appends the events, as ONE entry (all or nothing), with an optimistic-concurrency
   expectation on the entries that could make the decision wrong
   (:func:`expectation_writer`: one writer's subject of the node, or the whole node). If another writer (a second replica) got there first, the append
-  fails with ConcurrencyConflict: the loop catches up from the log and decides
-  again, so two replicas can never both commit conflicting decisions.
+  fails with ConcurrencyConflict: the loop catches up (from its own consumer, or
+  else a replay) and decides again, so two replicas can never both commit
+  conflicting decisions.
 * **bad input**: an undecodable entry is set aside as a MessageRejected event
   naming its sequence, unless the log already holds one for it (set aside after
   the rebuild, so a rejection recorded long ago is seen first): recorded once.
@@ -29,9 +30,11 @@ from typing import Any
 from gpupool.core import Command, ReportRelease, RequestGpu, Schedule, decide
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
+    Delivery,
     Entry,
     EventLog,
     StoredEvent,
+    Subscription,
     Undecodable,
     rejection_envelope,
 )
@@ -69,6 +72,11 @@ CONSUME_BATCH = 1024
 """At most this many deliveries are folded before the service reacts to them."""
 
 MAX_CONFLICT_RETRIES = 100
+
+CATCH_UP_WAIT_S = 2.0
+"""After a conflict, how long the decider waits for its own consumer to deliver the entry that
+refused it; then it catches up with a replay instead (the entry went to another subscriber of
+the durable, or the server is that slow)."""
 
 
 def utc_now() -> datetime:
@@ -133,6 +141,10 @@ class DeciderLoop:
         self.projection = projection if projection is not None else Projection()
         self.clock = clock
         self.conflicts = 0
+        self.catch_ups_from_consumer = 0
+        """Conflicts caught up from the service's own consumer (no replay opened)."""
+        self.catch_up_replays = 0
+        """Catch-ups that replayed the log (no consumer yet, or the entry was not delivered)."""
         self.decide_failures = 0
         self.ready = False
         self._node_locks: dict[str, asyncio.Lock] = {}
@@ -140,8 +152,23 @@ class DeciderLoop:
         """Set when a background task of the service failed: the service must stop (and be
         restarted), not go on looking healthy without it."""
         self.failure: BaseException | None = None
-        self._caught_up: set[tuple[int, int]] = set()
-        """(sequence, index) of others' events folded by a catch-up, not yet reacted to."""
+        self._caught_up: dict[int, set[int]] = {}
+        """sequence -> indexes of others' events folded by a catch-up, not yet reacted to."""
+        self._subscription: Subscription | None = None
+        """The live consumer, while ``consume`` runs."""
+        self._reacting = False
+        """``consume`` is between taking a batch and asking for the next: only then does a
+        conflict catch up from the consumer (nobody else is reading it)."""
+        self._taken: list[Delivery] = []
+        """Deliveries a catch-up took from the consumer: folded, to react to and ack in ``consume``."""
+        self._consumer_lock = asyncio.Lock()
+        """Held by a catch-up reading the consumer, and by ``consume`` taking what it took."""
+        self._unacked_held = 0
+        """Deliveries ``consume`` holds unacknowledged (its batch, while it reacts to it)."""
+        self._acks_first = False
+        """``consume(ack_before_reacting=True)``: deliveries are acked once folded."""
+        self._batch_folded = asyncio.Event()
+        """Set (and replaced) each time ``consume`` has folded a batch."""
         self._refusals: list[Undecodable] = []
         """Envelopes the projection refused (admission_check), to record as MessageRejected."""
         self.writer: str = event_log.writer
@@ -316,7 +343,8 @@ class DeciderLoop:
                         self.projection.writer_seq[(node, scope)] = conflict.actual
                     continue
                 log.info("%s: %s; catching up and deciding again", self.service, conflict)
-                await self._catch_up()
+                if not await self._catch_up_from_consumer(conflict.actual):
+                    await self._catch_up()
                 continue
             self.projection.apply_entry(seq, envelopes, writer=self.writer)
             return events
@@ -324,20 +352,87 @@ class DeciderLoop:
             f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"
         )
 
-    async def _catch_up(self) -> None:
+    def _folded(self, seq: int) -> bool:
+        """The whole entry ``seq`` is folded."""
+        return seq <= self.projection.last_seq or seq in self.projection.ahead
+
+    def _mark_caught_up(self, entry: StoredEvent) -> None:
+        self._caught_up.setdefault(entry.seq, set()).add(entry.index)
+
+    async def _catch_up_from_consumer(self, actual: int | None) -> bool:
+        """Fold deliveries of the service's own consumer up to entry ``actual`` (the one that
+        refused an append); False: not possible here, catch up with a replay instead.
+
+        The durable delivers in stream order, so once ``actual`` is folded every earlier
+        entry of the consumer's subjects is too. While ``consume`` is reacting (it does
+        not read the consumer then), what this takes from the consumer is folded now,
+        reacted to and acked by ``consume`` after the current reaction (the events are
+        marked as caught up, as a replay's are). While ``consume`` waits on the consumer
+        (a decision running beside it: a pipelined service), this waits until it has
+        folded ``actual``; ``consume`` reacts to those entries as to any. An unreadable
+        or refused entry among them needs the log's end before it is recorded: a replay
+        follows.
+        """
+        subscription = self._subscription
+        if subscription is None or actual is None or self._folded(actual):
+            return False
+        if self._unacked_held > CONSUME_BATCH // 2:
+            # the server holds back deliveries past the durable's ack-pending limit (1,000)
+            return False
+        unreadable: list[Undecodable] = []
+        try:
+            async with asyncio.timeout(CATCH_UP_WAIT_S):
+                async with self._consumer_lock:
+                    if self._reacting:
+                        await self._take_from(subscription, actual, unreadable)
+                while not self._folded(actual):  # consume folds it
+                    await self._batch_folded.wait()
+        except (TimeoutError, StopAsyncIteration):
+            log.info("%s: entry %d not delivered in time; replaying", self.service, actual)
+            return False
+        self.catch_ups_from_consumer += 1
+        if unreadable or self._refusals:
+            await self._catch_up(unreadable)
+        return True
+
+    async def _take_from(
+        self, subscription: Subscription, actual: int, unreadable: list[Undecodable]
+    ) -> None:
+        while not self._folded(actual):
+            ready = subscription.take_ready(CONSUME_BATCH)
+            if not ready:
+                ready = [await subscription.__anext__()]
+            self._taken += ready
+            for delivery in ready:
+                if not self._folded(delivery.seq):
+                    for entry in delivery.entries:
+                        if not self.fold(entry):
+                            continue
+                        if isinstance(entry, StoredEvent):
+                            self._mark_caught_up(entry)
+                        else:
+                            unreadable.append(entry)
+                if self._acks_first:
+                    await delivery.ack()  # the server's ack-pending limit stays free
+                else:
+                    self._unacked_held += 1
+
+    async def _catch_up(self, unreadable: list[Undecodable] | None = None) -> None:
         """Fold what others appended since; their events still get a reaction in ``consume``.
 
         Only the start-up rebuild is followed by ``Service.start``, which decides for
         every node; a catch-up may fold entries of *other* nodes (or other commands'
-        causes) that nothing else would react to.
+        causes) that nothing else would react to. ``unreadable``: entries folded before
+        (from the consumer) still to be set aside once the log's end is folded.
         """
-        unreadable: list[Undecodable] = []
+        self.catch_up_replays += 1
+        unreadable = list(unreadable or ())
         async for entry in self.log.replay(
             node=self.partition, from_seq=self.projection.last_seq + 1
         ):
             if self.fold(entry):
                 if isinstance(entry, StoredEvent):
-                    self._caught_up.add((entry.seq, entry.index))
+                    self._mark_caught_up(entry)
                 else:
                     unreadable.append(entry)
         # everything up to the log's end is folded now: a rejection already recorded is seen
@@ -345,7 +440,12 @@ class DeciderLoop:
         await self._record_refusals()
 
     async def consume(
-        self, durable: str, react: Reaction, *, react_batch: BatchReaction | None = None
+        self,
+        durable: str,
+        react: Reaction,
+        *,
+        react_batch: BatchReaction | None = None,
+        ack_before_reacting: bool = False,
     ) -> None:
         """Fold live entries and react to them; ack after the reactions committed.
 
@@ -355,33 +455,63 @@ class DeciderLoop:
         service decides once per node touched), or ``react`` for each event. The
         batch's acks follow its reactions (at-least-once), sent without waiting.
 
+        With ``ack_before_reacting`` a batch is acked as soon as it is folded, before the
+        reactions: for a service whose reactions are decided from the state alone and
+        which decides for every node at start (the admission-queue), a reaction lost to
+        a crash is decided again after the restart; the acks leave the decision path
+        and the server sends the next batch (and a conflict's catch-up) meanwhile.
+
         The durable starts (or, if it lags, restarts) right after the last entry the
         rebuild folded, so a restarted service is not handed the replayed log again.
         """
         subscription = self.log.subscribe(
             durable=durable, node=self.partition, from_seq=self.consume_from
         )
+        self._subscription = subscription
+        self._acks_first = ack_before_reacting
         try:
             self.ready = True
             async for delivery in subscription:
+                self._reacting = True
                 deliveries = [delivery, *subscription.take_ready(CONSUME_BATCH - 1)]
-                # fold the whole batch first: reactions never see a decision in part
-                reactions: list[StoredEvent] = []
-                for taken in deliveries:
-                    for entry in taken.entries:
-                        if await self._take(entry):
-                            assert isinstance(entry, StoredEvent)
-                            reactions.append(entry)
-                if reactions:
-                    if react_batch is not None:
-                        await react_batch(reactions)
+                while True:
+                    # fold the whole batch first: reactions never see a decision in part
+                    reactions: list[StoredEvent] = []
+                    for taken in deliveries:
+                        if self._folded(taken.seq) and taken.seq not in self._caught_up:
+                            continue  # folded before (an own append): acked unread
+                        for entry in taken.entries:
+                            if await self._take(entry):
+                                assert isinstance(entry, StoredEvent)
+                                reactions.append(entry)
+                    folded, self._batch_folded = self._batch_folded, asyncio.Event()
+                    folded.set()
+                    if ack_before_reacting:
+                        for taken in deliveries:
+                            await taken.ack()
+                        self._unacked_held = len(self._taken)
                     else:
-                        for entry in reactions:
-                            await react(entry)
-                for taken in deliveries:
-                    await taken.ack()
+                        self._unacked_held = len(deliveries) + len(self._taken)
+                    if reactions:
+                        if react_batch is not None:
+                            await react_batch(reactions)
+                        else:
+                            for entry in reactions:
+                                await react(entry)
+                    if not ack_before_reacting:
+                        for taken in deliveries:
+                            await taken.ack()
+                        self._unacked_held = len(self._taken)
+                    async with self._consumer_lock:
+                        # what a conflict's catch-up took from the consumer meanwhile
+                        deliveries, self._taken = self._taken, []
+                        if not deliveries:
+                            self._reacting = False
+                            break
         finally:
             self.ready = False
+            self._reacting = False
+            self._subscription = None
             await subscription.aclose()
 
     async def _take(self, entry: Entry) -> bool:
@@ -400,7 +530,11 @@ class DeciderLoop:
                 await self._catch_up()
                 await self._set_aside_unrecorded([entry])
             return False
-        key = (entry.seq, entry.index)
-        caught_up = key in self._caught_up
-        self._caught_up.discard(key)
+        indexes = self._caught_up.get(entry.seq)
+        caught_up = indexes is not None and entry.index in indexes
+        if caught_up:
+            assert indexes is not None
+            indexes.discard(entry.index)
+            if not indexes:
+                del self._caught_up[entry.seq]
         return new or caught_up

@@ -272,6 +272,7 @@ async def run_service(
                 durable_base(service.name, getattr(service, "node", None)),
                 service.react,
                 react_batch=getattr(service, "react_batch", None),
+                ack_before_reacting=getattr(service, "ack_before_reacting", False),
             )
         )
         if snapshots is not None:

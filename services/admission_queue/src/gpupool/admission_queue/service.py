@@ -4,12 +4,19 @@ After every new event on a node it asks the core to serve that node's queue
 (``Schedule``); the core returns the Assigned events, which are appended with
 per-node optimistic concurrency. It also serves the pooling metrics, computed
 on scrape from its projection.
+
+Pipelined (the default): a batch of events pokes the nodes it touched and returns
+at once, so the consumer folds the next batch while the decisions are in flight.
+Each node has at most one decision in flight; events for a node arriving meanwhile
+are coalesced into one more decision after it (decided on everything folded by
+then). A decision is made from the folded state alone, so deciding later, once, on
+more events loses nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
 
 from gpupool.core import Schedule
 from gpupool.eventlog.port import StoredEvent
@@ -19,12 +26,22 @@ from gpupool.runtime.decider import DeciderLoop, last_entry_per_node
 
 class AdmissionQueue:
     name = "admission-queue"
+    ack_before_reacting = True
+    """Its reactions are decided from the folded state alone, and ``start`` decides for every
+    node: a batch is acked once folded (``DeciderLoop.consume``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, pipelined: bool = True) -> None:
         self._loop: DeciderLoop | None = None
+        self.pipelined = pipelined
+        """``react_batch`` returns before the decisions it started have landed."""
+        self._deciding: dict[str, asyncio.Task[None]] = {}
+        """The node's decision task, while one runs."""
+        self._again: dict[str, Envelope | None] = {}
+        """Nodes poked while their decision was in flight, with the latest cause."""
 
     async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
         self._loop = loop
+        stack.push_async_callback(self._stop_deciding)
         for node in sorted(loop.projection.state.nodes):
             await self._schedule(node, None)
 
@@ -34,10 +51,45 @@ class AdmissionQueue:
             await self._schedule(node, entry.envelope)
 
     async def react_batch(self, entries: list[StoredEvent]) -> None:
-        """After a batch of events: decide once for each node they touched, nodes concurrently."""
-        await asyncio.gather(
-            *(self._schedule(node, cause) for node, cause in last_entry_per_node(entries).items())
+        """After a batch of events: one decision for each node they touched, nodes concurrently.
+
+        Pipelined, it returns once the decisions are started; otherwise once they landed."""
+        for node, cause in last_entry_per_node(entries).items():
+            self._poke(node, cause)
+        if not self.pipelined:
+            await self.settled()
+
+    async def settled(self) -> None:
+        """Wait until no decision is in flight (none poked meanwhile either)."""
+        while self._deciding:
+            await asyncio.gather(*self._deciding.values(), return_exceptions=True)
+
+    def _poke(self, node: str, cause: Envelope) -> None:
+        if node in self._deciding:
+            self._again[node] = cause  # decided once more, after the one in flight
+            return
+        assert self._loop is not None
+        self._deciding[node] = self._loop.background(
+            self._decide_while_poked(node, cause), name=f"schedule {node}"
         )
+
+    async def _decide_while_poked(self, node: str, cause: Envelope | None) -> None:
+        try:
+            while True:
+                await self._schedule(node, cause)
+                if node not in self._again:
+                    return
+                cause = self._again.pop(node)
+        finally:
+            self._deciding.pop(node, None)
+            self._again.pop(node, None)
+
+    async def _stop_deciding(self) -> None:
+        """On stop: decisions not landed yet are decided again from the log after a restart."""
+        for task in list(self._deciding.values()):
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
 
     async def _schedule(self, node: str, cause: Envelope | None) -> None:
         assert self._loop is not None
