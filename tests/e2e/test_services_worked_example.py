@@ -7,13 +7,25 @@ import io
 import re
 from pathlib import Path
 
+import nats
 from stack_harness import envelopes, of_type, read_log, running_stack
 
 from gpupool.cli.demo import EXPECTED_ASSIGNMENTS, NODE, DemoRun, run_worked_example
+from gpupool.eventlog.subjects import node_subject_filter
 from gpupool.events import Assigned, PodReady
 
 ROOT = Path(__file__).resolve().parents[2]
 WAITING = re.compile(r"^You have been waiting for (\d+) seconds\. Approximate position: (\d+)$")
+
+
+async def durable_filters(url: str) -> dict[str, str | None]:
+    """Each durable consumer of the log's stream, with its subject filter."""
+    nc = await nats.connect(url)
+    try:
+        infos = await nc.jetstream().consumers_info("GPUPOOL")
+        return {info.name: info.config.filter_subject for info in infos}
+    finally:
+        await nc.close()
 
 
 async def test_worked_example_through_all_services(tmp_path: Path) -> None:
@@ -22,6 +34,12 @@ async def test_worked_example_through_all_services(tmp_path: Path) -> None:
         run = DemoRun(stack=stack, out=io.StringIO())
         assignments = await run_worked_example(run)
         log = envelopes(await read_log(stack))
+        filters = await durable_filters(stack.nats_url)
+
+    # the node-executor's durable reads its own node's subjects only (docs/eventlog.md)
+    executor = [name for name in filters if name.startswith("node-executor-")]
+    assert len(executor) == 1, filters
+    assert filters[executor[0]] == node_subject_filter(NODE)
 
     # the order of Assigned events and their GPUs is exactly the worked example's (docs/behaviour.md)
     assert assignments == EXPECTED_ASSIGNMENTS

@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from gpupool.node_executor.processes import (
     Workload,
     WorkloadStartFailed,
     group_members,
+    leader_exited,
+    members_among,
     shell_exit_code,
 )
 
@@ -297,3 +300,38 @@ async def test_workload_runs_as_the_peers_user_without_extra_groups(
     assert groups.startswith("groups=65534(")
     assert "," not in groups  # root's supplementary groups were dropped
     assert await supervisor.wait(workload) == 0
+
+
+def test_a_forked_member_holding_gpu_memory_is_counted_without_scanning_proc(
+    tmp_path: Path,
+) -> None:
+    """The memory guard attributes a sampled pid to a workload by that pid's own group and
+    session (one stat read), not by listing every process: a child forked into its own
+    process group but still in the session is the workload's; an outsider is not."""
+    script = (
+        "import os, sys, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.setpgid(0, 0)\n"
+        "    time.sleep(60)\n"
+        "print(pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True
+    )
+    outsider = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    child = 0
+    try:
+        assert leader.stdout is not None
+        child = int(leader.stdout.readline())
+        assert members_among([leader.pid, child, outsider.pid], leader.pid) == {leader.pid, child}
+        assert not leader_exited(leader.pid)
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+        outsider.kill()
+        outsider.wait()
+    assert leader_exited(leader.pid)

@@ -185,3 +185,23 @@ async def test_cancelling_the_consumer_works_while_a_burst_keeps_arriving(
             consumer.cancel()
             with suppress(asyncio.CancelledError):
                 await consumer
+
+
+async def test_a_node_partitioned_loop_sets_garbage_on_its_node_aside_once() -> None:
+    """A loop that reads one node's entries does not fold the node-less rejections: it looks
+    them up on the node-less subject, so a replica rebuilding from zero adds none."""
+    log = CountingLog()
+    await log.append(envelope(registered("a")))
+    await log.append(envelope(registered("b", node="other")))
+    garbage = await log.append_raw("gpupool.log.n.PodReady", b"\x00 not json")
+    first = DeciderLoop(log, service="node-executor", partition="n")
+    await first.rebuild()
+    assert log.rejections_asked == 1
+    second = DeciderLoop(log, service="node-executor", partition="n")
+    await second.rebuild()
+    assert log.rejections_asked == 1
+    assert second.projection.undecodable == 1
+    assert set(second.projection.state.nodes) | {
+        p.node for p in second.projection.state.pods.values()
+    } == {"n"}
+    assert second.projection.last_seq >= garbage

@@ -12,6 +12,7 @@ from gpupool.cli.main import main
 from gpupool.eventlog.credentials import (
     CONTROL_PLANE_WRITERS,
     NODE_EXECUTOR,
+    OPERATOR,
     connect_options,
     public_key,
     users,
@@ -39,14 +40,23 @@ def test_every_writer_of_the_layout_gets_a_user() -> None:
     assert {"node-executor-n1", "node-executor-n2", "reader", "stream-admin"} <= names
 
 
-def test_no_user_is_allowed_to_purge_delete_or_update_the_stream() -> None:
+def test_no_user_but_the_operator_is_allowed_to_purge_delete_or_update_the_stream() -> None:
     for user in users(["n1"]):
+        if user.name == OPERATOR:
+            continue  # below
         allowed = user.permissions.publish
         assert not [s for s in allowed if ".PURGE." in s or ".STREAM.DELETE." in s]
         assert not [s for s in allowed if s.endswith(">") and s.startswith("$JS.API.STREAM")]
         if user.name != "stream-admin":
             assert not [s for s in allowed if ".STREAM.UPDATE." in s]
         assert "$JS.API.STREAM.PURGE.>" in user.permissions.deny_publish
+    (operator,) = [user for user in users(["n1"]) if user.name == OPERATOR]
+    allowed = operator.permissions.publish
+    assert [s for s in allowed if ".PURGE." in s] == ["$JS.API.STREAM.PURGE.GPUPOOL"]
+    assert not [s for s in allowed if s.startswith("gpupool.log.") or ".STREAM.DELETE." in s]
+    assert not [s for s in allowed if ".STREAM.UPDATE." in s or ".MSG.DELETE." in s]
+    assert "$JS.API.STREAM.DELETE.>" in operator.permissions.deny_publish
+    assert "$JS.API.STREAM.PURGE.>" not in operator.permissions.deny_publish
 
 
 def test_an_executor_user_names_its_node_and_the_others_do_not() -> None:
@@ -68,7 +78,7 @@ def test_generate_writes_seeds_only_the_owner_can_read_and_the_servers_config(
     assert nkeys.from_seed(bytearray(seed.read_bytes().strip())).public_key.decode() == key
     config = (out / "nats-auth.conf").read_text()
     assert f"nkey: {key}" in config
-    assert config.count("nkey: U") == 6
+    assert config.count("nkey: U") == 7  # 3 services, 1 executor, reader, admin, operator
     assert key in capsys.readouterr().out
     assert connect_options(seed) == {"nkeys_seed": str(seed)}
     assert "tls" in connect_options(None, out / "ca.pem")

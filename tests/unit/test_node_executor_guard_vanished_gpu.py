@@ -130,7 +130,11 @@ def test_pods_on_a_vanished_gpu_are_not_guarded_and_the_others_are(
             pids=frozenset({pids[2]}),
         ),
         GuardedWorkload(
-            pod=ON_KEPT, gpu_uuid=KEPT.uuid, memory_limit_bytes=40 * GIB, pids=frozenset({pids[0]})
+            pod=ON_KEPT,
+            gpu_uuid=KEPT.uuid,
+            memory_limit_bytes=40 * GIB,
+            pids=frozenset({pids[0]}),
+            leader=pids[0],  # its group's other members are found among the sampled pids
         ),
     ]
 
@@ -156,3 +160,17 @@ async def test_the_guard_loop_ends_overruns_on_the_kept_gpu_only(
     assert sorted((o.pod, o.gpu_uuid) for o in found) == sorted(
         [(HOOKED_KEPT, KEPT.uuid), (ON_KEPT, KEPT.uuid)]
     )
+
+
+def test_a_pods_processes_among_sampled_pids_are_found_by_their_group(
+    tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    """The metrics' question, asked of a sample's pids: each command's own, by its group."""
+    pids = [process.pid for process in sleepers]
+    executor = executor_with_a_vanished_gpu(tmp_path, pids)
+    processes = executor.pod_processes(among={pids[0], pids[1], pids[2]})
+    assert processes[ON_KEPT] == [pids[0]]
+    assert processes[ON_VANISHED] == [pids[1]]
+    assert processes[HOOKED_KEPT] == [pids[2]]  # followed by its pidfd
+    assert executor.pod_processes(among=set())[ON_KEPT] == []
+    assert executor.pod_processes()[ON_KEPT] == [pids[0]]  # the full answer, as before

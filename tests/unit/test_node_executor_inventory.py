@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import pytest
 
-from gpupool.events import GpuInfo
+from gpupool.events import GpuInfo, PodRef
 from gpupool.gpus import GpuSample, Inventory, NvmlUnavailable, SimulatedSampler
 from gpupool.node_executor.inventory import (
     ExecutorReadings,
@@ -88,3 +89,38 @@ def test_metrics_say_whether_gpus_are_simulated(
     assert registry.get_sample_value("gpupool_inventory_simulated", {"node": "n1"}) == simulated
     assert readings.source == source
     assert len(list(readings.gpu_samples())) == count
+
+
+class CountingSampler(FixedSampler):
+    """Two processes on the card; counts the samples taken."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        super().__init__(inventory)
+        self.taken = 0
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        self.taken += 1
+        return tuple(
+            msgspec.structs.replace(s, process_memory_bytes={4711: 1, 4712: 2})
+            for s in super().sample()
+        )
+
+
+def test_a_scrape_asks_for_the_pod_processes_among_its_own_samples_pids_only() -> None:
+    """No list of every process: the pods' processes are asked of the pids the scrape's
+    sample names, and that same sample gives the scrape's GPU figures (one sample)."""
+    sampler = CountingSampler(REAL)
+    asked: list[set[int]] = []
+
+    def among(pids: object) -> dict[PodRef, list[int]]:
+        asked.append(set(pids))  # type: ignore[call-overload]
+        return {}
+
+    def every_process() -> dict[PodRef, list[int]]:
+        raise AssertionError("the scan of every process was asked for")
+
+    readings = ExecutorReadings("n1", REAL, sampler, every_process, pod_processes_among=among)
+    registry = executor_registry(metrics_projection(), readings)
+    assert registry.get_sample_value("gpupool_inventory_simulated", {"node": "n1"}) == 0.0
+    assert asked and all(pids == {4711, 4712} for pids in asked)
+    assert sampler.taken == len(asked)  # one sample per scrape, for both

@@ -15,10 +15,12 @@ Users:
   subjects of every node (``<prefix>.*.<writer>``), nothing else;
 * ``node-executor-<node>``: append only on ``<prefix>.<node>.node-executor``;
 * ``reader``: the console and ``gpupool log``/``verify``: read the stream, never append;
-* ``stream-admin``: the deployments' ensure-stream step: create and scale the stream.
+* ``stream-admin``: the deployments' ensure-stream step: create and scale the stream;
+* ``operator``: a person's, for retention (``gpupool log archive`` / ``purge``): reads the
+  stream, lists its consumers and purges it; mounted into no service.
 
-No user may purge, delete or restore the stream, nor delete or edit its messages;
-none but ``stream-admin`` may change its configuration.
+No user but ``operator`` may purge the stream; none may delete or restore it, nor
+delete or edit its messages; none but ``stream-admin`` may change its configuration.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ DEFAULT_STREAM = "GPUPOOL"
 NODE_EXECUTOR = "node-executor"
 READER = "reader"
 STREAM_ADMIN = "stream-admin"
+OPERATOR = "operator"
 CONTROL_PLANE_WRITERS = tuple(writer for writer in WRITERS if writer != NODE_EXECUTOR)
 """The writers that append for every node (the executors append for their own only)."""
 
@@ -173,6 +176,27 @@ def stream_admin_user(*, stream: str = DEFAULT_STREAM) -> User:
     )
 
 
+def operator_user(*, stream: str = DEFAULT_STREAM) -> User:
+    """The operator's user (retention: ``gpupool log archive`` / ``purge``): read the stream,
+    list its consumers, purge it. Appends nothing; the only user that may purge. Its seed
+    goes to no Secret a service mounts (docs/security.md)."""
+    api = "$JS.API"
+    purge = f"{api}.STREAM.PURGE.>"
+    return User(
+        name=OPERATOR,
+        permissions=Permissions(
+            publish=(
+                *_reading(stream),
+                f"{api}.CONSUMER.LIST.{stream}",
+                f"{api}.CONSUMER.NAMES.{stream}",
+                f"{api}.STREAM.PURGE.{stream}",
+            ),
+            subscribe=("_INBOX.>",),
+            deny_publish=tuple(s for s in FORBIDDEN_TO_EVERY_USER if s != purge),
+        ),
+    )
+
+
 def users(
     nodes: Iterable[str], *, stream: str = DEFAULT_STREAM, prefix: str = DEFAULT_SUBJECT_PREFIX
 ) -> list[User]:
@@ -183,6 +207,7 @@ def users(
         for node in sorted(set(nodes))
     ]
     result += [reader_user(stream=stream), stream_admin_user(stream=stream)]
+    result.append(operator_user(stream=stream))
     return result
 
 

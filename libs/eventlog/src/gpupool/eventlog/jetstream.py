@@ -406,6 +406,13 @@ class JetStreamEventLog:
         info = await self._js.stream_info(self.stream)
         return info.state.last_seq
 
+    async def first_seq(self) -> int:
+        """The stream's first sequence (past a purge: the entry after the cut; last + 1 when
+        it holds nothing)."""
+        self._check_open()
+        state = (await self._js.stream_info(self.stream)).state
+        return state.first_seq if state.messages else state.last_seq + 1
+
     async def _last_seq_matching(self, node: str | None) -> int:
         if node is None:
             return await self.last_seq()

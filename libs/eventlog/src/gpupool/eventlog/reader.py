@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+import msgspec
 import nats
 from nats.js import api
 
@@ -30,6 +32,16 @@ BUFFER = 4096
 
 class StreamMissing(LookupError):
     """The stream does not exist (a read-only reader does not create it)."""
+
+
+class RawMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One stream message as stored: its sequence, subject, headers, bytes and stream time."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str] = {}
+    time: datetime | None = None
 
 
 class ReadOnlyLog:
@@ -50,7 +62,7 @@ class ReadOnlyLog:
         tls_ca: Path | None = None,
         name: str = "gpupool-reader",
         connect_timeout: float = 10.0,
-    ) -> ReadOnlyLog:
+    ) -> Self:
         options: dict[str, Any] = {"name": name, "max_reconnect_attempts": -1}
         options.update(connect_options(credentials, tls_ca))
         try:
@@ -69,12 +81,33 @@ class ReadOnlyLog:
             raise StreamMissing(f"stream {self.stream} does not exist") from exc
         return int(info.state.last_seq)
 
+    async def sequences(self) -> tuple[int, int]:
+        """(first, last) sequence of the stream; first is last + 1 when it holds nothing
+        (e.g. everything was purged)."""
+        try:
+            info = await self._js.stream_info(self.stream)
+        except nats.js.errors.NotFoundError as exc:
+            raise StreamMissing(f"stream {self.stream} does not exist") from exc
+        last = int(info.state.last_seq)
+        first = int(info.state.first_seq) if info.state.messages else last + 1
+        return first, last
+
     async def entries(
         self, *, from_seq: int = 1, until_seq: int | None = None
     ) -> AsyncIterator[Entry]:
         """Entries from ``from_seq`` on, in order: up to ``until_seq``, or for ever (following).
 
         A decision entry yields each of its envelopes, all with the entry's sequence."""
+        async for msg in self.messages(from_seq=from_seq, until_seq=until_seq):
+            for entry in read_entries(msg.seq, msg.subject, msg.data):  # a decision: several
+                yield entry
+
+    async def messages(
+        self, *, from_seq: int = 1, until_seq: int | None = None
+    ) -> AsyncIterator[RawMessage]:
+        """The stream's messages from ``from_seq`` on, as stored (the archive's input): up to
+        ``until_seq``, or for ever. Sequences the stream no longer has are skipped over by
+        the server: the caller checks ``seq`` if it needs them contiguous."""
         start = max(from_seq, 1)
         if until_seq is not None and until_seq < start:
             return
@@ -99,9 +132,16 @@ class ReadOnlyLog:
                 seq = int(msg.metadata.sequence.stream)
                 if seq <= last:
                     continue  # an ordered-consumer reset may deliver an entry again
+                if until_seq is not None and seq > until_seq:
+                    return  # ``until_seq`` itself is not in the stream (deleted)
                 last = seq
-                for entry in read_entries(seq, msg.subject, msg.data):  # a decision: several
-                    yield entry
+                yield RawMessage(
+                    seq=seq,
+                    subject=msg.subject,
+                    data=bytes(msg.data),
+                    headers=dict(msg.headers or {}),
+                    time=msg.metadata.timestamp,
+                )
                 if until_seq is not None and seq >= until_seq:
                     return
         finally:

@@ -1,9 +1,11 @@
 """The loop every service runs around the pure core: rebuild, consume, decide, append, ack.
 
-* **rebuild**: fold the whole log (ordered replay) into a Projection.
+* **rebuild**: fold the whole log (ordered replay) into a Projection; with
+  ``partition=node`` (the node-executor), only that node's entries.
 * **consume**: a durable subscription per service instance (each replica folds
-  every entry; the durable lets a restarted instance resume where it acked), in
-  batches: everything already delivered is folded before the service reacts.
+  every entry, or every entry of its partition; the durable lets a restarted instance
+  resume where it acked), in batches: everything already delivered is folded before
+  the service reacts.
 * **decide + append**: ``execute`` runs ``core.decide`` on the projection and
   appends the events, as ONE entry (all or nothing), with an optimistic-concurrency
   expectation on the entries that could make the decision wrong
@@ -38,6 +40,7 @@ from gpupool.events import (
     NODELESS,
     Envelope,
     Event,
+    MessageRejected,
     PodReady,
     Released,
     encode_envelope,
@@ -117,8 +120,15 @@ class DeciderLoop:
         service: str,
         projection: Projection | None = None,
         clock: Clock = utc_now,
+        partition: str | None = None,
     ) -> None:
         self.log = event_log
+        self.partition = partition
+        """The one node whose entries this loop reads (rebuild, catch-up, consumer); None: the
+        whole log. A node-executor reads only its node: it neither folds nor stores the rest
+        of the cluster (docs/eventlog.md, "A node's partition")."""
+        self._nodeless_rejections: set[int] = set()
+        """A partitioned loop: sequences whose rejection it found on the node-less subject."""
         self.service = service
         self.projection = projection if projection is not None else Projection()
         self.clock = clock
@@ -165,20 +175,23 @@ class DeciderLoop:
         """
         folded = 0
         unreadable: list[Undecodable] = []
-        async for entry in self.log.replay(from_seq=self.projection.last_seq + 1):
+        async for entry in self.log.replay(
+            node=self.partition, from_seq=self.projection.last_seq + 1
+        ):
             if self.fold(entry):
                 folded += 1
                 if isinstance(entry, Undecodable):
                     unreadable.append(entry)
         self.consume_from = self.projection.last_seq + 1
-        for entry in unreadable:
-            if not self._rejection_recorded(entry.seq):
-                await self._set_aside(entry)
+        await self._set_aside_unrecorded(unreadable)
         await self._record_refusals()
         return folded
 
     def fold(self, entry: Entry) -> bool:
         """Fold one entry (one event of an entry) unless it was folded before."""
+        if self.partition is not None:
+            # read in log order from a node's subjects: what lies below is folded or not ours
+            self.projection.pass_below(entry.seq)
         if isinstance(entry, StoredEvent):
             new = self.projection.apply(
                 entry.seq,
@@ -197,12 +210,31 @@ class DeciderLoop:
     async def _record_refusals(self) -> None:
         """Set aside what the projection refused, once per entry (after folding to the end)."""
         refusals, self._refusals = self._refusals, []
-        for entry in refusals:
-            if not self._rejection_recorded(entry.seq):
-                await self._set_aside(entry)
+        await self._set_aside_unrecorded(refusals)
 
     def _rejection_recorded(self, seq: int) -> bool:
-        return seq in self.projection.state.rejected_sequences
+        return seq in self.projection.state.rejected_sequences or seq in self._nodeless_rejections
+
+    async def _set_aside_unrecorded(self, entries: list[Undecodable]) -> None:
+        """Set aside each entry whose rejection the log does not hold yet.
+
+        Rejections are node-less entries (``<prefix>._.<writer>``): a partitioned loop does
+        not fold them, so it reads that subject from the first entry in question on (rare:
+        only garbage or a refused envelope on its node brings it here)."""
+        if not entries:
+            return
+        if self.partition is not None:
+            first = min(entry.seq for entry in entries)
+            async for logged in self.log.replay(node=NODELESS, from_seq=first):
+                if isinstance(logged, StoredEvent) and isinstance(
+                    logged.envelope.event, MessageRejected
+                ):
+                    named = logged.envelope.event.seq  # older rejections name it by their id
+                    _, _, of_id = logged.envelope.id.partition("rejected-")
+                    self._nodeless_rejections.add(named or (int(of_id) if of_id.isdigit() else 0))
+        for entry in entries:
+            if not self._rejection_recorded(entry.seq):
+                await self._set_aside(entry)
 
     async def _set_aside(self, entry: Undecodable) -> None:
         log.warning(
@@ -260,12 +292,11 @@ class DeciderLoop:
                         f"decided event for {event_node(event)!r} while executing for {node!r}"
                     )
             scope = expectation_writer(command, events, self.writer)
+            expected = self.projection.expected_node_seq(node, scope)
             try:
                 # One decision, one entry: it lands whole or not at all.
                 seq = await self.log.append_decision(
-                    envelopes,
-                    expected_node_seq=self.projection.expected_node_seq(node, scope),
-                    expected_writer=scope,
+                    envelopes, expected_node_seq=expected, expected_writer=scope
                 )
             except ConcurrencyConflict as conflict:
                 self.conflicts += 1
@@ -275,6 +306,15 @@ class DeciderLoop:
                     and self.projection.learn_writer_seq(node, scope, conflict.actual)
                 ):
                     continue  # nothing unseen: only the subject's number was missing
+                if conflict.actual is not None and conflict.actual < expected:
+                    # The log shrinks only by an operator's purge (docs/eventlog.md,
+                    # "Retention"): the subject's entries up to `expected` are gone and none
+                    # came after them (it would be above `expected`): expect what is there.
+                    if scope is None:
+                        self.projection.node_seq[node] = conflict.actual
+                    else:
+                        self.projection.writer_seq[(node, scope)] = conflict.actual
+                    continue
                 log.info("%s: %s; catching up and deciding again", self.service, conflict)
                 await self._catch_up()
                 continue
@@ -292,16 +332,16 @@ class DeciderLoop:
         causes) that nothing else would react to.
         """
         unreadable: list[Undecodable] = []
-        async for entry in self.log.replay(from_seq=self.projection.last_seq + 1):
+        async for entry in self.log.replay(
+            node=self.partition, from_seq=self.projection.last_seq + 1
+        ):
             if self.fold(entry):
                 if isinstance(entry, StoredEvent):
                     self._caught_up.add((entry.seq, entry.index))
                 else:
                     unreadable.append(entry)
         # everything up to the log's end is folded now: a rejection already recorded is seen
-        for garbage in unreadable:
-            if not self._rejection_recorded(garbage.seq):
-                await self._set_aside(garbage)
+        await self._set_aside_unrecorded(unreadable)
         await self._record_refusals()
 
     async def consume(
@@ -318,7 +358,9 @@ class DeciderLoop:
         The durable starts (or, if it lags, restarts) right after the last entry the
         rebuild folded, so a restarted service is not handed the replayed log again.
         """
-        subscription = self.log.subscribe(durable=durable, from_seq=self.consume_from)
+        subscription = self.log.subscribe(
+            durable=durable, node=self.partition, from_seq=self.consume_from
+        )
         try:
             self.ready = True
             async for delivery in subscription:
@@ -356,8 +398,7 @@ class DeciderLoop:
             if new:
                 # a rejection may already lie further on in the log: look before writing one
                 await self._catch_up()
-                if not self._rejection_recorded(entry.seq):
-                    await self._set_aside(entry)
+                await self._set_aside_unrecorded([entry])
             return False
         key = (entry.seq, entry.index)
         caught_up = key in self._caught_up

@@ -170,6 +170,21 @@ class Projection:
         else:
             self.ahead.add(seq)
 
+    def pass_below(self, seq: int) -> None:
+        """A partitioned reader (one node's entries, delivered in log order) was handed ``seq``:
+        every sequence below it is folded already or another partition's, so the watermark
+        passes them (the projection of one node then never waits on the rest of the log)."""
+        if seq - 1 <= self.last_seq:
+            return
+        self.last_seq = seq - 1
+        if self.ahead:
+            self.ahead = {ahead for ahead in self.ahead if ahead > self.last_seq}
+            while self.last_seq + 1 in self.ahead:
+                self.last_seq += 1
+                self.ahead.discard(self.last_seq)
+        if self.open_entry is not None and self.open_entry[0] <= self.last_seq:
+            self.open_entry = None
+
     def expected_node_seq(self, node: str, writer: str | None = None) -> int:
         """The sequence a decider expects to be the node's last when it appends (0: none yet);
         with ``writer``, the last of the node's entries by that writer."""

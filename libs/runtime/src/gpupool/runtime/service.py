@@ -26,6 +26,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
+from gpupool.eventlog.subjects import node_token
+from gpupool.events import NODELESS
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.http import HttpEndpoint
 from gpupool.runtime.projection import Projection
@@ -36,6 +38,10 @@ from gpupool.runtime.snapshot_store import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class LogPurgedPastSnapshot(RuntimeError):
+    """The stream was purged past what the service's snapshot covers: it cannot rebuild."""
 
 
 class ServiceOptions(msgspec.Struct, kw_only=True):
@@ -168,7 +174,10 @@ async def run_service(
     registry_factory: Callable[[Projection], CollectorRegistry] | None = None,
     projection_factory: Callable[[], Projection] = Projection,
     on_listening: Callable[[int], Awaitable[None]] | None = None,
+    partition: str | None = None,
 ) -> None:
+    """Run ``service`` until ``stop``; with ``partition`` (a node) it reads only that node's
+    entries (the node-executor: docs/eventlog.md, "A node's partition")."""
     async with AsyncExitStack() as stack:
         event_log = await JetStreamEventLog.connect(
             options.nats_url,
@@ -197,9 +206,34 @@ async def run_service(
                     end,
                 )
                 projection = projection_factory()
+            elif partition is not None and (others := _other_nodes(projection, partition)):
+                log.warning(
+                    "%s: the snapshot holds other nodes than %s (%s); rebuilding %s's entries "
+                    "from the start of the log",
+                    service.name,
+                    partition,
+                    ", ".join(sorted(others)[:3]),
+                    partition,
+                )
+                projection = projection_factory()
         else:
             projection = projection_factory()
-        loop = DeciderLoop(event_log, service=service.name, projection=projection)
+        first = await event_log.first_seq()
+        if first > projection.last_seq + 1:
+            where = (
+                str(snapshots.path)
+                if snapshots is not None
+                else "<snapshot-dir>/<service>-<instance>.snapshot (and set --snapshot-dir)"
+            )
+            raise LogPurgedPastSnapshot(
+                f"{service.name}: the log starts at sequence {first} (entries before it were "
+                f"purged) but this service's state covers only up to {projection.last_seq}: "
+                f"a rebuild would miss them. Start it from the archive's checkpoint: copy "
+                f"checkpoint-<N>.snapshot (N >= {first - 1}) to {where}"
+            )
+        loop = DeciderLoop(
+            event_log, service=service.name, projection=projection, partition=partition
+        )
         registry = (
             registry_factory(loop.projection)
             if registry_factory is not None
@@ -226,9 +260,12 @@ async def run_service(
             loop.projection.last_seq,
         )
         await service.start(loop, stack)
+        durable = f"{service.name}-{options.instance}"
+        if partition is not None:  # its own durable: one filtered on the node's subjects
+            durable += f"-{node_token(partition)}"
         consumer = asyncio.create_task(
             loop.consume(
-                f"{service.name}-{options.instance}",
+                durable,
                 service.react,
                 react_batch=getattr(service, "react_batch", None),
             )
@@ -260,6 +297,13 @@ async def run_service(
 
 
 SNAPSHOT_CHECK_SECONDS = 5.0
+
+
+def _other_nodes(projection: Projection, node: str) -> set[str]:
+    """The nodes besides ``node`` (and no node) whose state ``projection`` holds."""
+    state = projection.state
+    named = set(state.nodes) | {pod.node for pod in state.pods.values()}
+    return named - {node, NODELESS}
 
 
 async def _keep_snapshots(store: FileSnapshotStore, loop: DeciderLoop, every: int) -> None:

@@ -2,7 +2,10 @@
 
 ``--log FILE.jsonl`` reads what ``gpupool simulate`` writes (one envelope per
 line; an entry's sequence is its ordinal, the line number when no line is blank). ``--nats URL [--stream NAME]``
-reads the stream read-only through :class:`~gpupool.eventlog.reader.ReadOnlyLog`.
+reads the stream read-only through :class:`~gpupool.eventlog.reader.ReadOnlyLog`;
+with ``--archive DIR`` the archive's sealed segments (``gpupool log archive``) come
+first and the stream follows after the archive's last entry, as one log (a stream
+purged past the archive, a gap or a changed segment is an error saying which).
 Either way the commands get the same :data:`~gpupool.eventlog.port.Entry` values.
 """
 
@@ -58,6 +61,13 @@ def add_log_source_arguments(parser: argparse.ArgumentParser) -> None:
     )
     choice.add_argument("--nats", metavar="URL", help="a live JetStream log, e.g. nats://host:4222")
     source.add_argument(
+        "--archive",
+        type=Path,
+        metavar="DIR",
+        help="with the stream: read this archive's sealed segments first (`gpupool log "
+        "archive`), then the stream after them, as one log (needed once the stream was purged)",
+    )
+    source.add_argument(
         "--stream", default=DEFAULT_STREAM, help=f"JetStream stream (default {DEFAULT_STREAM})"
     )
     source.add_argument(
@@ -93,12 +103,21 @@ def resolve_log_source(args: argparse.Namespace) -> None:
 
 
 async def open_log_source(args: argparse.Namespace) -> LogSource:
+    archive = getattr(args, "archive", None)
+    if archive is not None and args.log is not None:
+        raise InvalidInput("--archive goes with the stream (--nats), not with --log FILE")
     resolve_log_source(args)
     if args.log is not None:
         return FileLogSource(args.log, subject_prefix=args.subject_prefix)
-    return await NatsLogSource.connect(
+    stream = await NatsLogSource.connect(
         args.nats, stream=args.stream, subject_prefix=args.subject_prefix
     )
+    if archive is None:
+        return stream
+    if not archive.is_dir():
+        await stream.close()
+        raise InvalidInput(f"{archive}: no such archive directory")
+    return ArchivedLogSource(archive, stream)
 
 
 async def read_log(args: argparse.Namespace) -> list[Entry]:
@@ -240,21 +259,28 @@ class NatsLogSource:
         self.stream = stream
 
     @classmethod
-    async def connect(cls, url: str, *, stream: str, subject_prefix: str) -> NatsLogSource:
+    async def connect(
+        cls,
+        url: str,
+        *,
+        stream: str,
+        subject_prefix: str,
+        credentials: Path | None = None,
+        ca: Path | None = None,
+    ) -> NatsLogSource:
+        """Credentials and CA: the arguments, else $GPUPOOL_NATS_CREDENTIALS / $GPUPOOL_NATS_CA."""
         from gpupool.eventlog.reader import ReadOnlyLog, StreamMissing
 
-        credentials, ca = (
-            os.environ.get("GPUPOOL_NATS_CREDENTIALS"),
-            os.environ.get("GPUPOOL_NATS_CA"),
-        )
+        credentials = credentials or _env_path("GPUPOOL_NATS_CREDENTIALS")
+        ca = ca or _env_path("GPUPOOL_NATS_CA")
         try:
             log = await ReadOnlyLog.connect(
                 url,
                 stream=stream,
                 subject_prefix=subject_prefix,
                 name="gpupool-cli",
-                credentials=Path(credentials) if credentials else None,
-                tls_ca=Path(ca) if ca else None,
+                credentials=credentials,
+                tls_ca=ca,
             )
         except (ConnectionError, OSError, TimeoutError) as exc:
             raise CommandFailed(f"{url}: cannot open stream {stream}: {exc}") from exc
@@ -270,9 +296,23 @@ class NatsLogSource:
         return f"{self.url} stream {self.stream}"
 
     async def entries(self) -> AsyncIterator[Entry]:
-        """Every entry up to the stream's last sequence when the reading starts."""
-        last = await self.log.last_seq()
-        async for entry in self.log.entries(until_seq=last):
+        """Every entry up to the stream's last sequence when the reading starts; a stream
+        purged of its first entries is refused (a fold of its tail alone would be wrong)."""
+        first, _ = await self.log.sequences()
+        if first > 1:
+            raise CommandFailed(
+                f"{self.description} starts at sequence {first}: entries 1..{first - 1} were "
+                "purged; read the log with --archive DIR (the archive they were exported to)"
+            )
+        async for entry in self.tail(1):
+            yield entry
+
+    async def tail(self, from_seq: int) -> AsyncIterator[Entry]:
+        """The entries from ``from_seq`` to the stream's last sequence when the reading starts."""
+        first, last = await self.log.sequences()
+        if max(from_seq, first) > last:
+            return
+        async for entry in self.log.entries(from_seq=from_seq, until_seq=last):
             yield entry
 
     async def follow(self, after_seq: int) -> AsyncIterator[Entry]:
@@ -282,3 +322,58 @@ class NatsLogSource:
 
     async def close(self) -> None:
         await self.log.close()
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+# --------------------------------------------------------------------------- archive + stream
+
+
+class ArchivedLogSource:
+    """An archive's sealed segments, then the stream after the archive's last entry: one log.
+
+    The archive's chain is checked before anything is read (a gap, a changed segment or a
+    broken link is a :class:`CommandFailed` naming the file); the stream must start at or
+    before the entry after the archive (else the entries between are in neither)."""
+
+    def __init__(self, directory: Path, stream: NatsLogSource) -> None:
+        from gpupool.eventlog.archive import Archive
+
+        self.archive = Archive(directory)
+        self.stream = stream
+
+    @property
+    def description(self) -> str:
+        return f"archive {self.archive.directory} + {self.stream.description}"
+
+    async def entries(self) -> AsyncIterator[Entry]:
+        from gpupool.eventlog.archive import ArchiveError
+
+        try:
+            sealed = self.archive.sealed()
+        except (ArchiveError, OSError) as exc:
+            raise CommandFailed(f"archive {self.archive.directory}: {exc}") from exc
+        archived = sealed[-1].manifest.last_seq if sealed else 0
+        first, _ = await self.stream.log.sequences()
+        if first > archived + 1:
+            raise CommandFailed(
+                f"{self.stream.description} starts at sequence {first} and archive "
+                f"{self.archive.directory} ends at {archived}: entries {archived + 1}.."
+                f"{first - 1} are in neither"
+            )
+        try:
+            for entry in self.archive.entries(sealed):
+                yield entry
+        except (ArchiveError, OSError) as exc:
+            raise CommandFailed(f"archive {self.archive.directory}: {exc}") from exc
+        async for entry in self.stream.tail(archived + 1):
+            yield entry
+
+    def follow(self, after_seq: int) -> AsyncIterator[Entry]:
+        return self.stream.follow(after_seq)
+
+    async def close(self) -> None:
+        await self.stream.close()

@@ -140,7 +140,13 @@ def main() -> None:
         == "caller",
     )
 
-    readings = ExecutorReadings(args.node_name, inventory, service.sampler, service.pod_processes)
+    readings = ExecutorReadings(
+        args.node_name,
+        inventory,
+        service.sampler,
+        service.pod_processes,
+        pod_processes_among=service.pod_processes,  # the scrape's sampled pids only
+    )
 
     async def run(stop: asyncio.Event) -> None:
         await run_service(
@@ -148,6 +154,7 @@ def main() -> None:
             common_options(args),
             stop,
             registry_factory=lambda projection: executor_registry(projection, readings),
+            partition=args.node_name,  # its own node's entries only
         )
 
     serve(run, log_level=args.log_level)

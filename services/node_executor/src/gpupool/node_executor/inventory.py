@@ -76,18 +76,35 @@ class ExecutorReadings:
         inventory: Inventory,
         sampler: GpuSampler,
         pod_processes: Callable[[], Mapping[PodRef, Collection[int]]],
+        *,
+        pod_processes_among: Callable[[Collection[int]], Mapping[PodRef, Collection[int]]]
+        | None = None,
     ) -> None:
         self.node = node
         self.source: InventorySource = inventory.source
         self._sampler = sampler
         self._pod_processes = pod_processes
+        self._pod_processes_among = pod_processes_among
+        self._scrape_sample: Sequence[GpuSample] | None = None
+        """Taken by ``pod_processes`` for the ``gpu_samples`` of the same scrape."""
 
-    def gpu_samples(self) -> Sequence[GpuSample]:
+    def _sample(self) -> Sequence[GpuSample]:
         try:
             return self._sampler.sample()
         except SamplingFailed as error:
             log.warning("GPU sampling failed during a scrape: %s", error)
             return ()
 
+    def gpu_samples(self) -> Sequence[GpuSample]:
+        if self._scrape_sample is not None:  # the scrape's own, taken for its pod processes
+            samples, self._scrape_sample = self._scrape_sample, None
+            return samples
+        return self._sample()
+
     def pod_processes(self) -> Mapping[PodRef, Collection[int]]:
-        return self._pod_processes()
+        """Each pod's processes; with ``pod_processes_among``, asked of the pids the scrape's
+        sample names only (no scan of ``/proc``), and that sample is the scrape's figures."""
+        if self._pod_processes_among is None:
+            return self._pod_processes()
+        samples = self._scrape_sample = self._sample()
+        return self._pod_processes_among({pid for s in samples for pid in s.process_memory_bytes})

@@ -15,6 +15,7 @@ import msgspec
 
 from gpupool.events import PodRef
 from gpupool.gpus import GpuSample, GpuSampler, SamplingFailed
+from gpupool.node_executor.processes import process_groups
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,9 @@ class GuardedWorkload(msgspec.Struct, frozen=True, kw_only=True):
     gpu_uuid: str
     memory_limit_bytes: int
     pids: frozenset[int]
+    leader: int = 0
+    """A command's session leader (0: none): the sampled processes in its group or session
+    are its too (:func:`guard_memory` asks, for the pids a sample names only)."""
 
 
 class MemoryOverrun(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +68,18 @@ def find_memory_overruns(
     return overruns
 
 
+def _with_sampled_members(
+    workload: GuardedWorkload, groups: dict[int, tuple[int, int]]
+) -> GuardedWorkload:
+    """The workload with the sampled processes of its leader's group or session added."""
+    if workload.leader <= 0:
+        return workload
+    members = {pid for pid, ids in groups.items() if workload.leader in ids}
+    if members <= workload.pids:
+        return workload
+    return msgspec.structs.replace(workload, pids=workload.pids | members)
+
+
 async def guard_memory(
     sampler: GpuSampler,
     running: Callable[[], Sequence[GuardedWorkload]],
@@ -87,6 +103,10 @@ async def guard_memory(
             except SamplingFailed as error:
                 log.warning("GPU sampling failed, memory not checked this round: %s", error)
             else:
+                sampled = {pid for sample in samples for pid in sample.process_memory_bytes}
+                if sampled and any(w.leader > 0 for w in workloads):
+                    groups = process_groups(sampled)  # one stat read per sampled pid
+                    workloads = [_with_sampled_members(w, groups) for w in workloads]
                 for overrun in find_memory_overruns(samples, workloads):
                     log.warning(
                         "pod %s holds %d bytes on %s, over its limit of %d: ending it",

@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -231,8 +232,52 @@ def _in_group(fields: list[str], leader: int) -> bool:
     return state not in ("Z", "X") and leader in (pgrp, session)
 
 
+def members_among(pids: Iterable[int], leader: int) -> frozenset[int]:
+    """Which of ``pids`` are live members of ``leader``'s group or session: one
+    ``/proc/<pid>/stat`` read each, no scan of ``/proc`` (the memory guard asks this of the
+    processes a GPU sample names, a few, however many processes the node runs)."""
+    return frozenset(
+        pid for pid, (group, session) in process_groups(pids).items() if leader in (group, session)
+    )
+
+
+def process_groups(pids: Iterable[int]) -> dict[int, tuple[int, int]]:
+    """Each live (non-zombie) pid of ``pids`` with its process group and session: one
+    ``/proc/<pid>/stat`` read each."""
+    groups = {}
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] not in ("Z", "X"):
+            groups[pid] = (int(fields[2]), int(fields[3]))
+    return groups
+
+
+def leader_exited(pid: int) -> bool:
+    """Whether the process ``pid`` has exited (or was never there), asked of a pidfd: a poll,
+    no ``/proc`` read. A zombie counts as exited. Where pidfds are unavailable (Linux before
+    5.3), the fallback is the process's state in ``/proc/<pid>/stat`` (one read, no scan)."""
+    if pid <= 0:
+        return True
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:  # no pidfd_open (ENOSYS) or no permission: read its state instead
+        fields = _stat_fields(pid)
+        return fields is None or fields[0] in ("Z", "X")
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        return bool(poller.poll(0))
+    finally:
+        os.close(pidfd)
+
+
 def group_members(leader: int) -> list[int]:
-    """Live (non-zombie) processes whose process group or session is ``leader``'s."""
+    """Live (non-zombie) processes whose process group or session is ``leader``'s.
+
+    A scan of ``/proc``: used only while a workload is being ended (to signal and confirm
+    every member, forked ones included), never per event or per guard round."""
     members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -473,7 +518,8 @@ class ProcessSupervisor:
     async def terminate(self, workload: Workload, grace_seconds: float) -> Termination:
         """SIGTERM the group, SIGKILL what is left after ``grace_seconds``, confirm it is gone."""
         leader = workload.pid
-        if leader < 0 or not group_members(leader):
+        # a live leader means a live group: only a leader gone needs the scan for stragglers
+        if leader < 0 or (leader_exited(leader) and not group_members(leader)):
             return Termination(ended_by="exited", exit_code=await self.wait(workload))
         _signal_group(leader, signal.SIGTERM)
         ended_by: EndedBy = "SIGTERM"

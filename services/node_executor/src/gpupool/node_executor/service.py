@@ -38,6 +38,7 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Collection
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -84,6 +85,8 @@ from gpupool.node_executor.processes import (
     WorkloadStartFailed,
     credentials_of,
     group_members,
+    leader_exited,
+    process_groups,
 )
 from gpupool.node_executor.socket_refusals import RefusalSummary
 from gpupool.node_executor.workload_socket import Channel, SocketLimits, WorkloadSocketServer
@@ -589,7 +592,9 @@ class NodeExecutor:
     # ------------------------------------------------------------------ a pod's life
 
     def _pod(self, ref: PodRef) -> PodState | None:
-        return self.loop.projection.state.pods.get(ref)
+        """The pod as this node's entries have it (None: not a pod of this node)."""
+        pod = self.loop.projection.state.pods.get(ref)
+        return pod if pod is not None and pod.node == self.node else None
 
     def _grace_seconds(self) -> float:
         node = self.loop.projection.state.nodes.get(self.node)
@@ -877,19 +882,32 @@ class NodeExecutor:
         await session.send(Exited(exit_code=termination.exit_code, reason="preempted"))
         return False
 
-    def pod_processes(self) -> dict[PodRef, list[int]]:
-        """The live processes of each running workload (for the per-pod GPU metrics)."""
-        processes = {
-            pod: group_members(session.workload.pid)
+    def pod_processes(self, among: Collection[int] | None = None) -> dict[PodRef, list[int]]:
+        """The live processes of each running workload (for the per-pod GPU metrics).
+
+        With ``among`` (the pids a GPU sample names) only those of them: one stat read per
+        pid, no scan of ``/proc`` (what a scrape asks, through ``ExecutorReadings``)."""
+        leaders = {
+            pod: session.workload.pid
             for pod, session in self._sessions.items()
             if session.workload is not None and session.workload.pid > 0
         }
+        if among is None:
+            processes = {pod: group_members(leader) for pod, leader in leaders.items()}
+        else:
+            groups = process_groups(among)
+            processes = {
+                pod: sorted(pid for pid, ids in groups.items() if leader in ids)
+                for pod, leader in leaders.items()
+            }
         processes.update(self.hooked.processes())
         return processes
 
     # ------------------------------------------------------------------ memory guard
 
     def _guarded_workloads(self) -> list[GuardedWorkload]:
+        if self.sampler.source == "simulated":
+            return []  # the guard is inert: a simulated sample names no process to measure
         guarded = []
         for pod, session in self._sessions.items():
             state = self._pod(pod)
@@ -898,12 +916,15 @@ class NodeExecutor:
             gpu = next((g for g in self.inventory.gpus if g.index == state.gpu_index), None)
             if gpu is None:  # its GPU left the inventory: released, and ended by its session
                 continue
+            leader = session.workload.pid
             guarded.append(
                 GuardedWorkload(
                     pod=pod,
                     gpu_uuid=gpu.uuid,
                     memory_limit_bytes=memory_limit_bytes(gpu, state.limits),
-                    pids=frozenset(group_members(session.workload.pid)),
+                    # no scan of /proc: the guard asks which sampled pids are the leader's
+                    pids=frozenset() if leader_exited(leader) else frozenset({leader}),
+                    leader=max(leader, 0),
                 )
             )
         for pod, pids in self.hooked.processes().items():

@@ -30,7 +30,8 @@ def register(subparsers: Subparsers) -> None:
         description=f"Write into DIR: {AUTH_CONFIG} (the nats-server authorization block: "
         "one nkey user per service, each allowed to append only on its own subjects), "
         "<user>.nk (each user's seed: policy, admission-queue, preemption, "
-        "node-executor-<node> for each --node, reader, stream-admin), users.json (the "
+        "node-executor-<node> for each --node, reader, stream-admin, operator: the person's, "
+        "the only one that may purge the stream, for `gpupool log purge`), users.json (the "
         "public keys and permissions), and unless --no-tls ca.pem, ca-key.pem, server.pem, "
         "server-key.pem. Seeds and keys are written mode 0600. Generating again makes new "
         "keys: replace every file of the deployment together.",

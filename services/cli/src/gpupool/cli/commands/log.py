@@ -11,6 +11,7 @@ import msgspec
 
 from gpupool.audit import UNDECODABLE_TYPE, LogFilter, entry_matches, log_origin, parse_pod
 from gpupool.audit.describe import event_details, event_pod_column
+from gpupool.cli.commands.log_archive import register_actions
 from gpupool.cli.exits import EXIT_OK
 from gpupool.cli.log_source import (
     add_log_source_arguments,
@@ -63,6 +64,13 @@ def register(subparsers: Subparsers) -> None:
     add_output_argument(parser)
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")
     parser.set_defaults(handler=run)
+    actions = parser.add_subparsers(
+        dest="action",
+        metavar="ACTION",
+        required=False,
+        title="retention (docs/eventlog.md)",
+    )
+    register_actions(actions)
 
 
 def row(entry: Entry, origin: datetime | None, *, wide: bool = False) -> tuple[str, ...]:
