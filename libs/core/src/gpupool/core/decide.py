@@ -473,6 +473,8 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
     position = 0
     while position < len(queue):
         head = pods[queue[position][4]]
+        if position and not _fits_some(usage, head.limits):
+            break  # what choose_gpu would find, without building its arguments
         gpu = _chosen_gpu(tuple(usage.items()), head.limits, None, shares)
         if gpu is None:
             break
@@ -511,6 +513,13 @@ def _chosen_gpu(
     a node's usage takes the same few shapes again and again (the fragmentation measure is
     most of a decision that assigns)."""
     return choose_gpu(dict(usage), want, exclude=exclude, workload=_node_workload(shares))
+
+
+def _fits_some(usage: dict[int, Share], want: Share) -> bool:
+    """Whether ``want`` fits (``fits``) on any GPU of ``usage``."""
+    core_left = GPU_PERCENT - want.core
+    memory_left = GPU_PERCENT - want.memory
+    return any(used.core <= core_left and used.memory <= memory_left for used in usage.values())
 
 
 def _room_for(node: NodeState, want: Share) -> bool:
