@@ -27,7 +27,10 @@ connection, as the services run):
 * rebuild: bench_rebuild's log folded from zero in memory (decode + fold, with the
   metrics), against decoding it alone.
 * simulate: the core's Simulator (what ``gpupool simulate`` runs) on 16 nodes x 16
-  GPUs, each pod made ready twice: events per CPU-second.
+  GPUs, 10,000 pods (``--simulate``), each made ready twice: events per CPU-second.
+
+``--cpu-only`` prints the pure-CPU rows alone (core, preemption timer, rebuild,
+simulate), without starting a nats-server.
 
 The rebuild row is measured by bench_rebuild.py (docs/benchmarks.md). Prints
 tables; asserts nothing.
@@ -397,17 +400,18 @@ async def burst(
 
 
 def core_burst(pods: int) -> float:
-    """Seconds to fold a burst of ``pods`` PodReady, each followed by a Schedule (head blocked)."""
+    """CPU seconds to fold a burst of ``pods`` PodReady, each followed by a Schedule (head
+    blocked)."""
     state = build_state(0)
     node = next(iter(state.nodes))
     refs = [PodRef(namespace="bench", name=f"burst-{i:05d}") for i in range(pods)]
     for index, ref in enumerate(refs):
         evolve(state, Envelope(id=f"r{index}", time=NOW, event=registration(ref, node, 100)))
-    started = time.perf_counter()
+    started = time.process_time()
     for index, ref in enumerate(refs):
         evolve(state, Envelope(id=f"ready-{index}", time=NOW, event=PodReady(pod=ref, node=node)))
         decide(state, Schedule(node=node), NOW)
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 def simulated(pods: int) -> tuple[int, float]:
@@ -443,8 +447,12 @@ def simulated(pods: int) -> tuple[int, float]:
     return len(events), time.process_time() - started
 
 
-def rebuild_in_memory(entries: int) -> tuple[float, float]:
-    """bench_rebuild's log of ``entries``: (decode + fold, decode only), cpu seconds, best of 3."""
+def rebuild_in_memory(entries: int) -> tuple[float, float, float]:
+    """bench_rebuild's log of ``entries``: (decode + fold, decode only, msgspec's decode alone),
+    cpu seconds, best of 3. Decode only is the codec's ``decode_envelope``; msgspec alone is
+    its one ``Decoder(Envelope).decode`` without the codec's checks: the floor of any decoding."""
+    import msgspec
+
     from bench_rebuild import cloned_log
     from gpupool.events import decode_envelope
     from gpupool.runtime.projection import metrics_projection
@@ -469,7 +477,13 @@ def rebuild_in_memory(entries: int) -> tuple[float, float]:
         for data in encoded:
             decode_envelope(data)
 
-    return best(rebuild), best(decode_only)
+    plain = msgspec.json.Decoder(Envelope)
+
+    def msgspec_only() -> None:
+        for data in encoded:
+            plain.decode(data)
+
+    return best(rebuild), best(decode_only), best(msgspec_only)
 
 
 def preemption_state(nodes: int) -> State:
@@ -526,8 +540,70 @@ def timer_pass(state: State) -> Callable[[], object]:
 
 
 async def main(
-    burst_size: int, latency_rounds: int, sim_pods: int, rebuild_entries: int, log_only: bool
+    burst_size: int,
+    latency_rounds: int,
+    sim_pods: int,
+    rebuild_entries: int,
+    log_only: bool,
+    cpu_only: bool,
 ) -> None:
+    if not cpu_only:
+        await main_with_nats(burst_size, latency_rounds)
+    if log_only:
+        return
+    print("## The pure-CPU rows (one process, cpu seconds)\n")
+    print("| row | figure | raw baseline (same run) | ratio | goal |")
+    print("|---|---|---|---|---|")
+    core = {}
+    for waiting in (100, 1000, 10_000):
+        state = build_state(waiting)
+        node = next(iter(state.nodes))
+        core[waiting] = rate(lambda s=state, n=node: decide(s, Schedule(node=n), NOW))  # type: ignore[misc]
+    bursts_core = {n: core_burst(n) for n in (100, 1000, 3000)}
+    timers = {}
+    for nodes in (1, 16, 256, 1024):
+        state = preemption_state(nodes)
+        every_node = 1.0 / rate(timer_pass(state))
+        incremental = (
+            every_node if PreemptionDeadlines is None else 1.0 / rate(incremental_pass(state))
+        )
+        timers[nodes] = (incremental, every_node)
+
+    sim_events, sim_cpu = simulated(sim_pods)
+    rebuild_s, decode_s, msgspec_s = rebuild_in_memory(rebuild_entries)
+    for waiting, per_second in core.items():
+        print(
+            f"| core Schedule, {waiting:,} waiting (head blocked) | {per_second:,.0f} decisions/cpu-s "
+            f"({1e6 / per_second:.1f} us) | - | - | >= 200,000/s |"
+        )
+    for pods, seconds in bursts_core.items():
+        print(
+            f"| core burst of {pods:,} PodReady (fold + Schedule each) | {seconds:.2f} s, "
+            f"{seconds / pods * 1e6:.0f} us per event | - | - | linear in N |"
+        )
+    for nodes, (seconds, every_node) in timers.items():
+        print(
+            f"| preemption timer pass after an event, {nodes} node(s) | {seconds * ms:.4f} ms | "
+            f"every node recomputed (before): {every_node * ms:.3f} ms | "
+            f"{seconds / every_node:.3f} | independent of the node count |"
+        )
+    print(
+        f"| rebuild from zero, {rebuild_entries:,} entries in memory (decode + fold) | "
+        f"{rebuild_entries / rebuild_s:,.0f} entries/cpu-s | decode only "
+        f"{rebuild_entries / decode_s:,.0f}/cpu-s; msgspec's decode alone "
+        f"{rebuild_entries / msgspec_s:,.0f}/cpu-s | {decode_s / rebuild_s:.0%} / "
+        f"{msgspec_s / rebuild_s:.0%} of them | "
+        ">= 80 % of raw replay (bench_rebuild.py: against JetStream) |"
+    )
+    print(
+        f"| gpupool simulate, 16 x 16 GPUs, {sim_pods:,} pods, {2 * sim_pods:,} actions | "
+        f"{sim_events / sim_cpu:,.0f} events per CPU-second ({sim_events:,} events) | - | - | "
+        ">= 50,000 events/s |"
+    )
+
+
+async def main_with_nats(burst_size: int, latency_rounds: int) -> None:
+    """The rows that need a nats-server: latency and bursts through the services' own code."""
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         async with run_nats_server(Path(tmp)) as url:
             server = Server(url)
@@ -562,55 +638,9 @@ async def main(
                 f"{per_second:,.0f} placements/s ({conflicts} conflicts) | {spread} | "
                 f"{per_second / ceiling:.2f} of it | >= 10,000/s and >= 0.33 |"
             )
-    if log_only:
-        return
-    core = {}
-    for waiting in (100, 1000, 10_000):
-        state = build_state(waiting)
-        node = next(iter(state.nodes))
-        core[waiting] = rate(lambda s=state, n=node: decide(s, Schedule(node=n), NOW))  # type: ignore[misc]
-    bursts_core = {n: core_burst(n) for n in (100, 1000, 3000)}
-    timers = {}
-    for nodes in (1, 16, 256, 1024):
-        state = preemption_state(nodes)
-        every_node = 1.0 / rate(timer_pass(state))
-        incremental = (
-            every_node if PreemptionDeadlines is None else 1.0 / rate(incremental_pass(state))
-        )
-        timers[nodes] = (incremental, every_node)
-
-    sim_events, sim_cpu = simulated(sim_pods)
-    rebuild_s, decode_s = rebuild_in_memory(rebuild_entries)
-    for waiting, per_second in core.items():
-        print(
-            f"| core Schedule, {waiting:,} waiting (head blocked) | {per_second:,.0f} decisions/s "
-            f"({1e6 / per_second:.1f} us) | - | - | >= 200,000/s |"
-        )
-    for pods, seconds in bursts_core.items():
-        print(
-            f"| core burst of {pods:,} PodReady (fold + Schedule each) | {seconds:.2f} s, "
-            f"{seconds / pods * 1e6:.0f} us per event | - | - | linear in N |"
-        )
-    for nodes, (seconds, every_node) in timers.items():
-        print(
-            f"| preemption timer pass after an event, {nodes} node(s) | {seconds * ms:.4f} ms | "
-            f"every node recomputed (before): {every_node * ms:.3f} ms | "
-            f"{seconds / every_node:.3f} | independent of the node count |"
-        )
-    print(
-        f"| rebuild from zero, {rebuild_entries:,} entries in memory (decode + fold) | "
-        f"{rebuild_entries / rebuild_s:,.0f} entries/cpu-s | decode only "
-        f"{rebuild_entries / decode_s:,.0f}/cpu-s | {decode_s / rebuild_s:.0%} of it | "
-        ">= 80 % of raw replay (bench_rebuild.py: against JetStream) |"
-    )
-    print(
-        f"| gpupool simulate, 16 x 16 GPUs, {sim_pods:,} pods, {2 * sim_pods:,} actions | "
-        f"{sim_events / sim_cpu:,.0f} events per CPU-second ({sim_events:,} events) | - | - | "
-        ">= 50,000 events/s |"
-    )
     print(
         f"\nraw latency samples: mean {statistics.fmean(baseline) * ms:.2f} ms; decision path mean "
-        f"{statistics.fmean(samples) * ms:.2f} ms"
+        f"{statistics.fmean(samples) * ms:.2f} ms\n"
     )
 
 
@@ -618,12 +648,24 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--latency", type=int, default=300)
-    parser.add_argument("--simulate", type=int, default=1000, help="pods of the simulator row")
+    parser.add_argument(
+        "--simulate", type=int, default=10_000, help="pods of the simulator row (2 actions each)"
+    )
     parser.add_argument("--rebuild", type=int, default=100_000, help="entries of the rebuild row")
     parser.add_argument(
         "--log-only", action="store_true", help="only the rows through the log (latency, bursts)"
     )
+    parser.add_argument(
+        "--cpu-only", action="store_true", help="only the pure-CPU rows (no nats-server)"
+    )
     options = parser.parse_args()
     asyncio.run(
-        main(options.burst, options.latency, options.simulate, options.rebuild, options.log_only)
+        main(
+            options.burst,
+            options.latency,
+            options.simulate,
+            options.rebuild,
+            options.log_only,
+            options.cpu_only,
+        )
     )

@@ -35,9 +35,11 @@ from gpupool.core.state import NodeState, State
 from gpupool.events import (
     Assigned,
     Envelope,
+    Event,
     MessageRejected,
     PodReady,
     PodRegistered,
+    PodRejected,
     Preempted,
     Released,
 )
@@ -76,10 +78,36 @@ def admission_problem(
 
     ``applied``: the ids applied so far (None: replays are not looked for)."""
     event = envelope.event
-    if isinstance(event, MessageRejected):
+    if type(event) is MessageRejected:
         return None  # folded idempotently by its sequence; never refused
     if applied is not None and envelope.id in applied:
         return f"{REPLAYED}: envelope {envelope.id} was applied before (a replay of it)"
+    # the most frequent events first, by exact type (the events are final structs): the
+    # common case of each costs a lookup or two
+    if type(event) is PodReady:
+        pod = state.pods.get(event.pod)
+        if pod is not None and pod.phase == "dormant":
+            return None
+    elif type(event) is Assigned:
+        pod = state.pods.get(event.pod)
+        if pod is not None and pod.phase == "ready" and pod.node == event.node:
+            node = state.nodes.get(event.node)
+            if pod.policy != "static" and node is not None and _has_gpu(node, event.gpu_index):
+                return None
+    elif type(event) is Released:
+        pod = state.pods.get(event.pod)
+        if pod is not None and (
+            (pod.phase == "running" and pod.gpu_index == event.gpu_index is not None)
+            or (pod.phase == "ready" and event.gpu_index is None)
+        ):
+            return None
+    elif type(event) is PodRejected:
+        return None
+    return _problem(state, event)
+
+
+def _problem(state: State, event: Event) -> str | None:
+    """``admission_problem`` for an event that is neither a MessageRejected nor a replay."""
     match event:
         case PodRegistered():
             existing = state.pods.get(event.pod)

@@ -12,6 +12,7 @@ Which service sends which command (the deciders never execute anything):
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 
 import msgspec
 
@@ -20,14 +21,12 @@ from gpupool.core.fragmentation import Task, Workload
 from gpupool.core.input_bounds import refuse_node_config, refuse_pod_manifest
 from gpupool.core.placement import (
     add,
-    allocated_requests,
     choose_gpu,
-    fits,
     reservation_gpu,
     static_usage,
 )
 from gpupool.core.preemption import plan_preemption
-from gpupool.core.state import PodState, State
+from gpupool.core.state import GPU_PERCENT, NodeState, PodState, State
 from gpupool.core.validation import (
     PodManifest,
     Rejection,
@@ -136,6 +135,14 @@ Command = (
 
 
 def decide(state: State, command: Command, now: datetime) -> list[Event]:
+    if type(command) is Schedule:  # the deciders' most frequent commands first, without the match
+        return schedule(state, command.node, now)
+    if type(command) is PlanPreemption:
+        return _plan_preemption(state, command.node, now)
+    if type(command) is RequestGpu:
+        return _request_gpu(state, command)
+    if type(command) is ReportRelease:
+        return _report_release(state, command)
     match command:
         case ConfigureNode():  # a name the log cannot hold is refused first (input_bounds)
             return refuse_node_config(command.node, command.gpu_count) or _configure_node(
@@ -247,6 +254,8 @@ def _report_inventory(state: State, command: ReportInventory) -> list[Event]:
                 gpu_uuid=pod.gpu_uuid,
             )
         )
+    if node is None or node.policy != "static" or not command.gpus:
+        return events  # what bind_waiting_static_pods finds on the state after, without copying it
     after = apply(state.copy(), events, _NO_TIME)
     return events + bind_waiting_static_pods(after, command.node)
 
@@ -321,8 +330,7 @@ def _register_pod(state: State, manifest: PodManifest) -> list[Event]:
             "PolicyMismatch",
             f"pod policy {spec.policy!r} does not match node {manifest.node!r} policy {node.policy!r}",
         )
-    pods = state.pods_on(manifest.node)
-    total = allocated_requests(pods)
+    total = node.requested  # allocated_requests of the pods registered there, kept by evolve
     allocatable = node.allocatable_percent
     if (
         total.core + spec.requests.core > allocatable
@@ -347,6 +355,7 @@ def _register_pod(state: State, manifest: PodManifest) -> list[Event]:
         # a static pod bound before the node's inventory arrives waits for it, registered
         return [registered]
     present = {gpu.index for gpu in node.gpus}
+    pods = state.pods_on(manifest.node)
     usage = {index: used for index, used in static_usage(node, pods).items() if index in present}
     gpu = choose_gpu(usage, spec.requests)
     if gpu is None:
@@ -452,19 +461,21 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
     if node is None or node.policy != "share-pool" or not node.gpus or not node.queue:
         return []
     pods = state.pods
+    if not node.qos.backfill and not _room_for(node, pods[node.queue[0][4]].limits):
+        return []  # the head is blocked and nobody may pass it: O(GPUs), nothing allocated
     uuids = {gpu.index: gpu.uuid for gpu in node.gpus}
+    held = node.usage
     # only GPUs of the inventory can be chosen (a slot on a vanished one is being released)
-    usage = {index: node.usage.get(index, _NO_SHARE) for index in sorted(uuids)}
-    first = pods[node.queue[0][4]].limits
-    if not node.qos.backfill and not any(fits(used, first) for used in usage.values()):
-        return []  # the head is blocked and nobody may pass it: O(GPUs)
-    workload = Workload.of({Task(gpus=1, share=share): n for share, n in node.shares.items()})
+    usage = {index: held.get(index, _NO_SHARE) for index in sorted(uuids)}
+    shares = tuple(node.shares.items())
     events: list[Event] = []
     queue = node.queue
     position = 0
     while position < len(queue):
         head = pods[queue[position][4]]
-        gpu = choose_gpu(usage, head.limits, workload=workload)
+        if position and not _fits_some(usage, head.limits):
+            break  # what choose_gpu would find, without building its arguments
+        gpu = _chosen_gpu(tuple(usage.items()), head.limits, None, shares)
         if gpu is None:
             break
         events.append(Assigned(pod=head.ref, node=node_name, gpu_index=gpu, gpu_uuid=uuids[gpu]))
@@ -475,7 +486,7 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
         reserved = reservation_gpu(usage, head, state.pods_on(node_name))
         for key in queue[position + 1 :]:
             pod = pods[key[4]]
-            gpu = choose_gpu(usage, pod.limits, exclude=reserved, workload=workload)
+            gpu = _chosen_gpu(tuple(usage.items()), pod.limits, reserved, shares)
             if gpu is None:
                 continue
             events.append(Assigned(pod=pod.ref, node=node_name, gpu_index=gpu, gpu_uuid=uuids[gpu]))
@@ -484,6 +495,43 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
 
 
 _NO_SHARE = Share(core=0, memory=0)
+
+NodeShares = tuple[tuple[Share, int], ...]
+"""A node's workload as ``NodeState.shares`` holds it: (limits share, pods with it)."""
+
+
+@lru_cache(maxsize=1024)
+def _node_workload(shares: NodeShares) -> Workload:
+    return Workload.of({Task(gpus=1, share=share): n for share, n in shares})
+
+
+@lru_cache(maxsize=4096)
+def _chosen_gpu(
+    usage: tuple[tuple[int, Share], ...], want: Share, exclude: int | None, shares: NodeShares
+) -> int | None:
+    """``choose_gpu`` with the node's workload, memoised: a pure function of its arguments, and
+    a node's usage takes the same few shapes again and again (the fragmentation measure is
+    most of a decision that assigns)."""
+    return choose_gpu(dict(usage), want, exclude=exclude, workload=_node_workload(shares))
+
+
+def _fits_some(usage: dict[int, Share], want: Share) -> bool:
+    """Whether ``want`` fits (``fits``) on any GPU of ``usage``."""
+    core_left = GPU_PERCENT - want.core
+    memory_left = GPU_PERCENT - want.memory
+    return any(used.core <= core_left and used.memory <= memory_left for used in usage.values())
+
+
+def _room_for(node: NodeState, want: Share) -> bool:
+    """Whether ``want`` fits (``fits``) on some GPU of the node's inventory, by its usage index."""
+    core_left = GPU_PERCENT - want.core
+    memory_left = GPU_PERCENT - want.memory
+    usage = node.usage
+    for gpu in node.gpus:
+        used = usage.get(gpu.index, _NO_SHARE)
+        if used.core <= core_left and used.memory <= memory_left:
+            return True
+    return False
 
 
 def _plan_preemption(state: State, node_name: str, now: datetime) -> list[Event]:

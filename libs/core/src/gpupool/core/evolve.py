@@ -23,51 +23,60 @@ from gpupool.events import (
 )
 
 
-def evolve(state: State, envelope: Envelope) -> State:
+def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State:
     """Apply one event; unknown pods/nodes in an event are ignored (the deciders never emit them).
 
     Besides the pods' own fields it keeps each node's indexes (``NodeState.queue``,
     ``usage``, ``shares``): every case that changes a pod takes the pod out of them
     first and puts it back after (``_unindex`` / ``_index``), so they are always what
     ``reindex`` would compute from scratch.
+
+    ``holds``: for an Assigned, ``assignment_holds(state, event)`` when the caller has
+    computed it on this same state (the projection does, once for the statistics and
+    the fold); None: it is computed here. Other events ignore it.
     """
     event = envelope.event
+    # the most frequent events first, by exact type (the events are final structs)
+    if type(event) is PodReady:
+        pod = state.pods.get(event.pod)
+        if pod is not None:
+            node = state.nodes.get(pod.node) or state.node(pod.node)
+            if pod.phase != "dormant":
+                _unindex(node, pod)
+            node.ready_counter += 1
+            pod.phase = "ready"
+            pod.ready_since = envelope.time
+            pod.ready_order = node.ready_counter
+            insort(node.queue, _queue_key(pod))  # _index of a ready pod
+        return state
+    if type(event) is Assigned:
+        pod = state.pods.get(event.pod)
+        if pod is not None and (_holds(state, pod, event) if holds is None else holds):
+            node = state.nodes.get(pod.node) or state.node(pod.node)
+            _unindex(node, pod)
+            pod.phase = "running"
+            pod.gpu_index = event.gpu_index
+            pod.gpu_uuid = event.gpu_uuid
+            pod.running_since = envelope.time
+            pod.ready_since = None
+            _index(node, pod)
+        return state
+    if type(event) is Released:
+        pod = state.pods.get(event.pod)
+        if pod is not None:
+            node = state.nodes.get(pod.node) or state.node(pod.node)
+            _unindex(node, pod)
+            if pod.removed:  # deleted while releasing: now its processes are gone
+                _forget(state, pod)
+            elif pod.policy == "static" and event.reason != "gpu-vanished":
+                _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
+            else:
+                _to_dormant(pod)
+            # dormant now (or gone): nothing of it in the node's queue or usage
+        return state
+    if type(event) is PodRejected:
+        return state
     match event:
-        # the most frequent events first: a match tries its cases in order
-        case PodReady():
-            pod = state.pods.get(event.pod)
-            if pod is not None:
-                node = state.node(pod.node)
-                if pod.phase != "dormant":
-                    _unindex(node, pod)
-                node.ready_counter += 1
-                pod.phase = "ready"
-                pod.ready_since = envelope.time
-                pod.ready_order = node.ready_counter
-                _index(node, pod)
-        case Assigned():
-            pod = state.pods.get(event.pod)
-            if pod is not None and _holds(state, pod, event):
-                node = state.node(pod.node)
-                _unindex(node, pod)
-                pod.phase = "running"
-                pod.gpu_index = event.gpu_index
-                pod.gpu_uuid = event.gpu_uuid
-                pod.running_since = envelope.time
-                pod.ready_since = None
-                _index(node, pod)
-        case Released():
-            pod = state.pods.get(event.pod)
-            if pod is not None:
-                node = state.node(pod.node)
-                _unindex(node, pod)
-                if pod.removed:  # deleted while releasing: now its processes are gone
-                    _forget(state, pod)
-                elif pod.policy == "static" and event.reason != "gpu-vanished":
-                    _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
-                else:
-                    _to_dormant(pod)
-                # dormant now (or gone): nothing of it in the node's queue or usage
         case Preempted():
             pod = state.pods.get(event.victim)
             if pod is not None:
@@ -166,7 +175,12 @@ def _unindex(node: NodeState, pod: PodState) -> None:
 
 
 def _count_share(node: NodeState, pod: PodState, sign: int) -> None:
-    """Count ``pod`` (registered on ``node``, or forgotten: ``sign`` -1) in the node's workload."""
+    """Count ``pod`` (registered on ``node``, or forgotten: ``sign`` -1) in the node's workload
+    and its requests."""
+    held, wants = node.requested, pod.requests
+    node.requested = Share(
+        core=held.core + sign * wants.core, memory=held.memory + sign * wants.memory
+    )
     if pod.policy == "share-pool":
         left = node.shares.get(pod.limits, 0) + sign
         if left > 0:
@@ -181,6 +195,7 @@ def reindex(state: State) -> State:
         node.queue = []
         node.usage = {}
         node.shares = {}
+        node.requested = _NO_SHARE
     for pod in state.pods.values():
         node = state.node(pod.node)
         _index(node, pod)

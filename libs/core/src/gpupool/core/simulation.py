@@ -165,25 +165,32 @@ class Simulator:
             PodRef(namespace=p.namespace, name=p.name) for p in scenario.pods if p.requeue
         }
         self._correlation = "setup"
+        self._pod_nodes: dict[PodRef, str] = {}
+        """Each scenario pod's node (the first pod of a name, as the scenario lists them)."""
+        for pod in scenario.pods:
+            self._pod_nodes.setdefault(PodRef(namespace=pod.namespace, name=pod.name), pod.node)
 
     # -- the log
     def _emit(self, events: list[Event], now: datetime) -> list[Event]:
+        if not events:
+            return events  # most decisions decide nothing
         if len(self.log) + len(events) > self.scenario.max_events:
             raise ScenarioError(
                 f"the scenario has not settled after {self.scenario.max_events} events "
                 f"(simulated time {now.isoformat()}); raise max_events if that is expected"
             )
-        cause = self.log[-1].id if self.log else ""
+        log, state, correlation = self.log, self.state, self._correlation
+        cause = log[-1].id if log else ""
         for event in events:
             envelope = Envelope(
-                id=f"sim-{len(self.log) + 1:08d}",
+                id=f"sim-{len(log) + 1:08d}",
                 time=now,
                 event=event,
-                correlation_id=self._correlation,
+                correlation_id=correlation,
                 causation_id=cause,
             )
-            evolve(self.state, envelope)
-            self.log.append(envelope)
+            evolve(state, envelope)
+            log.append(envelope)
             cause = envelope.id
         return events
 
@@ -217,7 +224,10 @@ class Simulator:
                         isinstance(r, Released) for r in released
                     ):
                         self._run(RequestGpu(pod=event.victim, node=node), now)
-            if not assigned and not preempted:
+            if not preempted:
+                # Nothing more to decide: the Schedule served the queue until its head was
+                # blocked on the state its own Assigned make (folded above: a Schedule now would
+                # decide nothing), and PlanPreemption saw that very state.
                 break
         check = next_preemption_check(self.state, node, now)
         if check is not None and (node, check) not in self._checks_due:
@@ -255,8 +265,9 @@ class Simulator:
             self._run(RegisterPod(manifest=pod_manifest(pod)), start)
         for index, action in enumerate(self.scenario.timeline):
             self._timer(start + timedelta(seconds=action.at), action)
-            if action.pod is not None and not any(
-                p.name == action.pod and p.namespace == action.namespace for p in self.scenario.pods
+            if (
+                action.pod is not None
+                and PodRef(namespace=action.namespace, name=action.pod) not in self._pod_nodes
             ):
                 raise ScenarioError(
                     f"timeline[{index}]: pod {action.namespace}/{action.pod} is not in pods"
@@ -285,11 +296,7 @@ class Simulator:
         if action.pod is None:
             raise ScenarioError(f"action {action.action!r} at {action.at}s needs a pod")
         ref = PodRef(namespace=action.namespace, name=action.pod)
-        pod_node = next(
-            p.node
-            for p in self.scenario.pods
-            if p.name == ref.name and p.namespace == ref.namespace
-        )
+        pod_node = self._pod_nodes[ref]
         events: list[Event]
         match action.action:
             case "ready":

@@ -48,7 +48,7 @@ class PodState:
         return self.phase == "running" and (self.evicted_by is not None or self.removed)
 
 
-NODE_INDEXES = ("queue", "usage", "shares")
+NODE_INDEXES = ("queue", "usage", "shares", "requested")
 """NodeState fields derived from the pods (kept by ``evolve``, computed by ``reindex``): a
 snapshot does not store them."""
 
@@ -78,6 +78,9 @@ class NodeState:
     ``evolve``; an index with nothing running has no entry)."""
     shares: dict[Share, int] = field(default_factory=dict)
     """How many registered share-pool pods have each limits share (the node's workload)."""
+    requested: Share = field(default_factory=lambda: Share(core=0, memory=0))
+    """The summed requests of the pods registered on this node, any policy (admission by
+    requests: ``allocated_requests``)."""
 
     @property
     def enabled(self) -> bool:

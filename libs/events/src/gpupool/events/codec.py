@@ -153,8 +153,29 @@ def encode_envelope(envelope: Envelope) -> bytes:
     return _encoder.encode(envelope)
 
 
+def _decode_current(data: bytes) -> Envelope | None:
+    """The common case in one decode: a current-version envelope, small and shallow enough to
+    need no depth scan. None: anything else (the checked path then decodes it or says why)."""
+    if len(data) > MAX_ENTRY_BYTES or data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH:
+        return None
+    try:
+        envelope: Envelope = _decoder.decode(data)
+    except msgspec.DecodeError:
+        return None
+    # an older envelope may decode as the current shape but means something else (v1 shares)
+    return envelope if envelope.schema == SCHEMA_VERSION else None
+
+
 def decode_envelope(data: bytes) -> Envelope:
     """Decode one log entry, upcasting older schema versions; raise EventDecodeError on bad input."""
+    envelope = _decode_current(data)
+    if envelope is not None:
+        return envelope
+    return _decode_checked(data)
+
+
+def _decode_checked(data: bytes) -> Envelope:
+    """``decode_envelope`` step by step: probe the version, refuse or upcast, then decode."""
     version = _probe_version(data)
     if version == ENTRY_SCHEMA_VERSION:
         raise EventDecodeError(
@@ -200,9 +221,13 @@ def encode_entry(envelopes: tuple[Envelope, ...] | list[Envelope]) -> bytes:
 
 def decode_entry(data: bytes) -> tuple[Envelope, ...]:
     """The envelopes of one log entry of any version; EventDecodeError on bad input."""
+    if b'"envelopes"' not in data:  # most entries are one current envelope: decode it at once
+        envelope = _decode_current(data)
+        if envelope is not None:
+            return (envelope,)
     version = _probe_version(data)
     if version != ENTRY_SCHEMA_VERSION:
-        return (decode_envelope(data),)
+        return (_decode_checked(data),)
     entry: LogEntry = _decode_bounded(_entry_decoder, data, "invalid decision entry")
     if not entry.envelopes:
         raise EventDecodeError("invalid decision entry: it holds no envelope")

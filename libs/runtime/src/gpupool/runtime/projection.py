@@ -23,10 +23,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpupool.core import State, evolve
+from gpupool.core import State, assignment_holds, evolve
 from gpupool.core.admission_check import EnvelopeIds, admission_problem
 from gpupool.core.producers import producer_problem
-from gpupool.events import Envelope, event_node
+from gpupool.events import Assigned, Envelope, event_node
 from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
@@ -102,17 +102,21 @@ class Projection:
         """
         if self.applied(seq, index):
             return False
+        state = self.state
         problem = producer_problem(envelope.event, writer) or admission_problem(
-            self.state, envelope, self.envelope_ids
+            state, envelope, self.envelope_ids
         )  # believed if its writer produces such events and it is admissible
         if problem is not None:
             self.refused.append(Refused(seq=seq, envelope=envelope, reason=problem))
         else:
+            event = envelope.event
+            # an Assigned is checked once here for the statistics and the fold (same state)
+            holds = assignment_holds(state, event) if type(event) is Assigned else None
             if self.statistics is not None:
-                self.statistics.observe(self.state, envelope, seq)
+                self.statistics.observe(state, envelope, seq, holds)
             for observer in self.observers:
-                observer(self.state, envelope, seq)
-            evolve(self.state, envelope)
+                observer(state, envelope, seq)
+            evolve(state, envelope, holds)
             self.envelope_ids.add(envelope.id)
         if last:
             self.open_entry = None
@@ -155,15 +159,17 @@ class Projection:
 
     def _mark(self, seq: int, node: str | None, writer: str | None = None) -> None:
         if node is not None:
-            self.node_seq[node] = max(seq, self.node_seq.get(node, 0))
+            if seq > self.node_seq.get(node, 0):
+                self.node_seq[node] = seq
             if writer is not None:
                 key = (node, writer)
                 self.writer_seq[key] = max(seq, self.writer_seq.get(key, 0))
         if seq == self.last_seq + 1:
             self.last_seq = seq
-            while self.last_seq + 1 in self.ahead:
+            ahead = self.ahead
+            while ahead and self.last_seq + 1 in ahead:
                 self.last_seq += 1
-                self.ahead.discard(self.last_seq)
+                ahead.discard(self.last_seq)
         else:
             self.ahead.add(seq)
 

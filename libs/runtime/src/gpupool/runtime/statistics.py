@@ -123,16 +123,19 @@ class LogStatistics(msgspec.Struct, kw_only=True):
     def rejected_messages(self) -> int:
         return sum(stats.rejected_messages for stats in self.nodes.values())
 
-    def observe(self, state: State, envelope: Envelope, seq: int) -> None:
+    def observe(
+        self, state: State, envelope: Envelope, seq: int, holds: bool | None = None
+    ) -> None:
         """Count one envelope, given the state before it is folded (the Projection observer signature).
 
         Dispatch is by exact type, most frequent first: this runs for every entry of a rebuild.
+        ``holds``: for an Assigned, ``assignment_holds`` on this state if the caller has it.
         """
         event = envelope.event
         if type(event) is PodReady:
             return
         if type(event) is Assigned:
-            if not assignment_holds(state, event):
+            if not (assignment_holds(state, event) if holds is None else holds):
                 return  # folded as a no-op (its pod left the queue first): nothing assigned
             stats = self.nodes.get(event.node) or self.node(event.node)
             stats.assignments += 1
@@ -155,7 +158,8 @@ class LogStatistics(msgspec.Struct, kw_only=True):
     def _end_wait(self, state: State, pod_ref: PodRef, at: datetime) -> None:
         pod = state.pods.get(pod_ref)
         if pod is not None and pod.ready_since is not None and pod.phase == "ready":
-            self.node(pod.node).waits.observe(at - pod.ready_since)
+            stats = self.nodes.get(pod.node) or self.node(pod.node)
+            stats.waits.observe(at - pod.ready_since)
 
 
 def _count(table: dict[str, int], key: str) -> None:
