@@ -182,7 +182,11 @@ async def test_two_admission_queue_replicas_never_double_book_under_a_burst_of_1
         )
         for i, pod in enumerate(pods)
     ]
-    await logs["policy"].append_many([envelope(e) for e in setup + registrations])
+    # each event from the service that produces it (gpupool.core.producers)
+    inventories = [e for e in setup if isinstance(e, GpuInventoryReported)]
+    configured = [e for e in setup if not isinstance(e, GpuInventoryReported)]
+    await logs["node-executor"].append_many([envelope(e) for e in inventories])
+    await logs["policy"].append_many([envelope(e) for e in configured + registrations])
 
     claims = [0, 0]
     """Assigned each replica's projection folded that held: it is done at CAPACITY."""
