@@ -196,8 +196,9 @@ async def raw_publish_async(url: str, count: int) -> float:
 
 async def latency(server: Server, rounds: int) -> list[float]:
     """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node."""
+    # the setup is appended as a tool (DEFAULT_WRITER): the inventory and the node together
     setup, executor_log, admission_log = await server.stream(
-        "policy", "node-executor", "admission-queue"
+        "gpupool", "node-executor", "admission-queue"
     )
     pods = [PodRef(namespace="bench", name=f"p{i:04d}") for i in range(rounds)]
     await setup.append_many(
@@ -350,8 +351,9 @@ async def burst(
     The PodReady are appended by this process (``append_many``), or, with ``separate`` (a
     scratch folder), by another process."""
     gpus = max(1, -(-pods // nodes // 100))
+    # the setup is appended as a tool (DEFAULT_WRITER): the inventory and the node together
     setup, executor_log, admission_log = await server.stream(
-        "policy", "node-executor", "admission-queue"
+        "gpupool", "node-executor", "admission-queue"
     )
     names = [f"b{i:05d}-{i % nodes:04d}" for i in range(pods)]
     refs = [PodRef(namespace="bench", name=name) for name in names]

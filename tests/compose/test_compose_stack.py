@@ -10,7 +10,8 @@ pods are ``gpupool run`` processes inside the node-executor's container
 the NATS inside the stack.
 
 Without an engine the test fails when GPUPOOL_REQUIRE_DOCKER=1 (``just test``, CI)
-and is skipped otherwise, saying why.
+and is skipped otherwise, saying why (conftest.py: the engine and images are shared
+by the compose tests of a session).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from docker_engine import NoDockerEngine, docker_engine, tool
+from docker_engine import tool
 
 from gpupool.cli.demo import EXPECTED_ASSIGNMENTS, NODE, DemoRun, run_worked_example
 from gpupool.cli.local_stack import http_get
@@ -87,16 +89,6 @@ class ComposeStack:
         return self.run("logs", "--no-color", "--tail", "40").stdout
 
 
-def engine_or_why() -> Iterator[str]:
-    try:
-        with docker_engine() as docker:
-            yield docker
-    except NoDockerEngine as why:
-        if os.environ.get("GPUPOOL_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"the compose test needs a Docker engine: {why}")
-        pytest.skip(f"no Docker engine: {why} (GPUPOOL_REQUIRE_DOCKER=1 makes this a failure)")
-
-
 def port_taken(port: int) -> bool:
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -108,43 +100,48 @@ def port_taken(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
-    for docker in engine_or_why():
-        compose_cli = tool("docker-compose")
-        assert compose_cli, "docker-compose is missing (bash scripts/install-docker.sh)"
-        taken = [port for port in HOST_PORTS if port_taken(port)]
-        assert not taken, f"compose.yaml's host ports {taken} are in use on 127.0.0.1"
-        built = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "build-images.sh")],
-            capture_output=True, text=True, timeout=900, check=False, cwd=ROOT,
+def compose_stack(compose_images: str) -> Iterator[ComposeStack]:
+    with running_stack(compose_images, ["-f", str(ROOT / "compose.yaml")]) as stack:
+        yield stack
+
+
+@contextmanager
+def running_stack(
+    docker: str, files: list[str], environment: dict[str, str] | None = None
+) -> Iterator[ComposeStack]:
+    """``up -d`` of the compose files (the simulated profile, the worked example's pods) until
+    the block ends; then ``down -v``, which must leave no volume behind."""
+    compose_cli = tool("docker-compose")
+    assert compose_cli, "docker-compose is missing (bash scripts/install-docker.sh)"
+    taken = [port for port in HOST_PORTS if port_taken(port)]
+    assert not taken, f"compose.yaml's host ports {taken} are in use on 127.0.0.1"
+    project = f"gpupool-test-{uuid.uuid4().hex[:8]}"
+    settings = {
+        "GPUPOOL_CLUSTER_FILE": str(ROOT / "scenarios" / "worked-example.yaml"),
+        "GPUPOOL_NODE_NAME": NODE,
+        "GPUPOOL_MESSAGE_PERIOD": "0.5",
+        **(environment or {}),
+    }
+    os.environ.update(settings)
+    stack = ComposeStack(
+        docker=docker,
+        compose=[compose_cli, *files, "-p", project, "--profile", "simulated"],
+        project=project,
+    )
+    try:
+        up = stack.run("up", "-d")
+        assert up.returncode == 0, up.stderr
+        yield stack
+    finally:
+        down = stack.run("down", "-v", "--remove-orphans")
+        for name in settings:
+            os.environ.pop(name, None)
+        assert down.returncode == 0, down.stderr
+        volumes = subprocess.run(
+            [docker, "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={project}"],
+            capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
-        assert built.returncode == 0, built.stderr[-4000:]
-        project = f"gpupool-test-{uuid.uuid4().hex[:8]}"
-        os.environ.update(
-            GPUPOOL_CLUSTER_FILE=str(ROOT / "scenarios" / "worked-example.yaml"),
-            GPUPOOL_NODE_NAME=NODE,
-            GPUPOOL_MESSAGE_PERIOD="0.5",
-        )
-        stack = ComposeStack(
-            docker=docker,
-            compose=[compose_cli, "-f", str(ROOT / "compose.yaml"), "-p", project,
-                     "--profile", "simulated"],
-            project=project,
-        )  # fmt: skip
-        try:
-            up = stack.run("up", "-d")
-            assert up.returncode == 0, up.stderr
-            yield stack
-        finally:
-            down = stack.run("down", "-v", "--remove-orphans")
-            for name in ("GPUPOOL_CLUSTER_FILE", "GPUPOOL_NODE_NAME", "GPUPOOL_MESSAGE_PERIOD"):
-                os.environ.pop(name, None)
-            assert down.returncode == 0, down.stderr
-            volumes = subprocess.run(
-                [docker, "volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={project}"],
-                capture_output=True, text=True, timeout=30, check=False,
-            )  # fmt: skip
-            assert volumes.stdout.strip() == "", f"down -v left volumes: {volumes.stdout}"
+        assert volumes.stdout.strip() == "", f"down -v left volumes: {volumes.stdout}"
 
 
 async def wait_ready(port: int, within: float = 120.0) -> None:

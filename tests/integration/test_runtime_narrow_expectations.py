@@ -182,9 +182,10 @@ async def test_two_admission_queue_replicas_never_double_book_under_a_burst_of_1
         )
         for i, pod in enumerate(pods)
     ]
+    # each event from the service that produces it (gpupool.core.producers)
     inventories = [e for e in setup if isinstance(e, GpuInventoryReported)]
-    await logs["node-executor"].append_many([envelope(e) for e in inventories])  # its event
     configured = [e for e in setup if not isinstance(e, GpuInventoryReported)]
+    await logs["node-executor"].append_many([envelope(e) for e in inventories])
     await logs["policy"].append_many([envelope(e) for e in configured + registrations])
 
     claims = [0, 0]

@@ -294,8 +294,9 @@ def test_the_secure_override_gives_every_nats_client_its_own_generated_user(
         (mount,) = secure[name]["volumes"]
         _source, target, mode = mount.rsplit(":", 2)
         assert mode == "ro" and env["GPUPOOL_NATS_CA"] == f"{target}/ca.pem"
+        # the executor's file: GPUPOOL_NODE_CREDENTIALS, by default gpu-node-1's
         seed_file = env["GPUPOOL_NATS_CREDENTIALS"].replace(
-            "${GPUPOOL_NODE_NAME:-gpu-node-1}", node
+            "${GPUPOOL_NODE_CREDENTIALS:-node-executor-gpu-node-1.nk}", f"node-executor-{node}.nk"
         )
         assert seed_file.startswith(f"{target}/")
         user = seed_file.removeprefix(f"{target}/").removesuffix(".nk")

@@ -97,3 +97,29 @@ def test_a_node_name_that_cannot_be_a_subject_token_is_refused(
     code = main(["credentials", "generate", "--out", str(tmp_path), "--node", "a b"])
     assert code != 0
     assert "cannot be a NATS subject token" in capsys.readouterr().err
+
+
+def test_every_consumer_a_user_may_touch_is_its_own() -> None:
+    """Consumer names in the JetStream API subjects: each user's grants name only its own
+    durables and replay consumers; nobody gets the nameless create or another's delete."""
+    every = users(["gpu-node-1", "gpu.node.2"])
+    for user in every:
+        consumer_grants = [
+            grant
+            for grant in user.permissions.publish
+            if grant.startswith(("$JS.API.CONSUMER.", "$JS.ACK."))
+        ]
+        for grant in consumer_grants:
+            tokens = grant.split(".")
+            if grant.startswith("$JS.ACK."):
+                name = tokens[3]  # $JS.ACK.<stream>.<consumer>.>
+            elif grant.startswith("$JS.API.CONSUMER.MSG."):
+                name = tokens[6]  # $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>
+            else:
+                name = tokens[5]  # $JS.API.CONSUMER.<op>.<stream>.<consumer>[.filter]
+            assert name.startswith(f"{user.name}-"), (user.name, grant)
+            assert "*" not in name and ">" not in name, (user.name, grant)
+        assert "$JS.API.CONSUMER.CREATE.GPUPOOL" not in user.permissions.publish
+        assert "$JS.API.CONSUMER.DURABLE.CREATE.>" in user.permissions.deny_publish
+        deletes = [g for g in consumer_grants if ".CONSUMER.DELETE." in g]
+        assert all("-replay-" in g for g in deletes), deletes

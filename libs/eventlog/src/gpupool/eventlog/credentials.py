@@ -108,7 +108,7 @@ class User(msgspec.Struct, frozen=True, kw_only=True):
     permissions: Permissions
 
 
-def _reading(stream: str, base: str) -> tuple[str, ...]:
+def _reading(stream: str, base: str = READER) -> tuple[str, ...]:
     """What reading the log needs: stream info, message get, and the user's own replay
     consumers (``replay_names(base)``: create, pull, delete). Not the nameless consumer
     create of ordered consumers: a request there may name, and so update, any consumer."""

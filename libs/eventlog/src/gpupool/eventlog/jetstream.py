@@ -120,9 +120,9 @@ CLAIM_RETRY_S = 5.0
 """How often a replica that found every durable slot claimed looks again."""
 
 DURABLE_INACTIVE_SECONDS = 24 * 3600.0
-"""A durable consumer nobody has pulled from for this long is removed by the server: replicas
-are named after their pods, which change on every rollout. A service that comes back later
-simply gets a new consumer (it rebuilds from the log anyway)."""
+"""A durable named by its caller (no claimant: tools, tests) that nobody has pulled from for
+this long is removed by the server; a service's claimed slots expire sooner
+(``SLOT_INACTIVE_SECONDS``: :mod:`gpupool.eventlog.durables`)."""
 
 
 class JetStreamEventLog:
