@@ -31,7 +31,8 @@ gpupool's placement, in its two stages, with its real functions (docs/placement.
   ``classify``, ``why_not``) keeps the share-pool nodes whose share allocatable minus the
   requests bound there covers the pod's requests, and scores them by
   ``placement_cost`` (fits a GPU by limits now; fragmentation gradient over the workload
-  the cluster has seen, CPU and memory included; GPU left) and ``scores_by_cost`` (0..10);
+  the cluster has seen, CPU and memory included, plus the GPU the node's CPU and memory
+  left would strand; GPU left) and ``scores_by_cost`` (0..10);
   the highest score wins, ties at random.
 * GPU: the node's core (``gpupool.core.placement.choose_gpu`` with ``node_workload``):
   the lowest fragmentation gradient for the shares seen on the node, then best fit.

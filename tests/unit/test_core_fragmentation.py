@@ -13,6 +13,7 @@ from gpupool.core.fragmentation import (
     fragmentation,
     gradient,
     place,
+    stranded,
     task_fragment,
 )
 from gpupool.core.placement import GpuUsage, add, choose_gpu, fits
@@ -127,6 +128,30 @@ def test_workload_counts_pods_of_the_same_kind_together() -> None:
     assert dict(workload.weights) == {share_task(50): 2.0, WHOLE_TASK: 1.0}
     assert workload.total == 3
     assert dict(workload.gpu_only().weights) == {Task(share=s(50)): 2.0, Task(share=s(100)): 1.0}
+
+
+def test_stranded_is_the_free_gpu_the_cpu_and_memory_left_could_not_serve() -> None:
+    # GPU pods: a 50 % pod with 2 CPUs and 1 GiB, a whole-GPU pod with 4 CPUs and 2 GiB;
+    # the CPU-only pod does not count. Per percent of GPU: 6000 / 150 = 40 milli CPU,
+    # 3072 / 150 = 20.48 MiB.
+    workload = Workload.of(
+        [
+            share_task(50, cpu=2000, mib=1024),
+            Task(cpu_milli=4000, memory_mib=2048, gpus=1, share=s(100)),
+            Task(cpu_milli=8000, memory_mib=65536, gpus=0),
+        ]
+    )
+    assert workload.cpu_per_percent == pytest.approx(40)
+    assert workload.memory_per_percent == pytest.approx(20.48)
+    # 160 free; 4 CPUs carry 100 of it: 60 stranded; 8 GiB carry 400: none
+    assert stranded(node(s(100), s(60), cpu=4000, memory=8192), workload) == pytest.approx(60)
+    # 2 GiB carry 100 as well: 60 more, by memory
+    assert stranded(node(s(100), s(60), cpu=4000, memory=2048), workload) == pytest.approx(120)
+    # CPU and memory to spare, or no free GPU: nothing stranded
+    assert stranded(node(s(100), s(60), cpu=64000, memory=8192), workload) == 0
+    assert stranded(node(s(0), s(0), cpu=0, memory=0), workload) == 0
+    # a workload without GPU pods strands nothing
+    assert stranded(node(s(100), cpu=0), Workload.of([Task(cpu_milli=8000, gpus=0)])) == 0
 
 
 # --------------------------------------------------------------------------- the GPU choice

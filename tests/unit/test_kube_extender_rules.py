@@ -8,9 +8,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from gpupool.core.fragmentation import Task, Workload
+from gpupool.core.fragmentation import NodeFree, Task, Workload
 from gpupool.events import Share
 from gpupool.extender.rules import (
+    NodeModel,
     filter_nodes,
     node_model,
     placement_cost,
@@ -324,6 +325,23 @@ def test_whole_gpu_and_cpu_only_pods_are_scored_too() -> None:
         whole, [plain, busy], usage, lambda n: node_model(n, bound[n.name]), workload
     )
     assert [(s.host, s.score) for s in scores] == [("plain", 5), ("busy", 10)]
+
+
+def test_a_cpu_only_pod_goes_where_cpu_is_to_spare_for_the_free_gpus() -> None:
+    # the GPU pods ask 2 CPUs per 50 %: 40 milli per percent of GPU. Both nodes have two
+    # free GPUs; "tight" has 10 CPUs (enough for 250 %), "roomy" 40.
+    workload = Workload.of([Task(cpu_milli=2000, memory_mib=0, share=Share(core=50, memory=50))])
+    free = (Share(core=100, memory=100),) * 2
+    usage = {0: Share(core=0, memory=0), 1: Share(core=0, memory=0)}
+
+    def model(cpu: int) -> NodeModel:
+        return NodeModel(free=NodeFree(cpu_milli=cpu, memory_mib=0, gpus=free), usage=usage)
+
+    cpu_only = Task(cpu_milli=4000, gpus=0, share=Share(core=0, memory=0))
+    # plain FGD sees no fragment on either (every task still fits); on "tight" the 6 CPUs
+    # left carry 150 % of the 200 % free: 50 stranded
+    assert placement_cost(model(10000), cpu_only, workload)[0] == (0, 50.0, 1.0)
+    assert placement_cost(model(40000), cpu_only, workload)[0] == (0, 0.0, 1.0)
 
 
 def test_the_cache_folds_the_live_pods_into_the_workload_and_drops_stale_models() -> None:

@@ -18,6 +18,12 @@ ATC'23), written here from the paper's definitions:
   pod is placed: ``fragmentation(after) - fragmentation(before)``. Lower is better: a
   placement that fills a GPU to where the remaining capacity still fits typical pods
   costs little; one that leaves an unusable sliver costs its size.
+* Beyond FGD, the **stranded** GPU of a node (``stranded``): the free GPU compute that
+  the node's free CPU (and, apart, its free memory) could not serve if the GPU pods to
+  come asked CPU and memory per GPU as the workload's GPU pods do on average
+  (``Workload.cpu_per_percent``, ``memory_per_percent``). FGD sees a node's CPU only
+  once it is too short for one pod; this sees it running short for the rest of the
+  node's GPUs. The extender adds its change to the gradient (docs/placement.md).
 
 Pure: no clock, no randomness. Units are integers (percent of a GPU, CPU milli, memory
 MiB) except the expected values, which are floats.
@@ -86,6 +92,10 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
 
     weights: tuple[tuple[Task, float], ...] = ()
     groups: tuple[DemandGroup, ...] = ()
+    cpu_per_percent: float = 0.0
+    """The GPU tasks' CPU (milli) per percent of a GPU they hold, weighted (0: no GPU task)."""
+    memory_per_percent: float = 0.0
+    """The same for memory (MiB per percent of a GPU)."""
 
     @classmethod
     def of(cls, tasks: Iterable[Task] | Mapping[Task, float]) -> Workload:
@@ -117,7 +127,15 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
             )
             for (gpus, core, memory), rows in by_demand.items()
         )
-        return cls(weights=tuple(ordered), groups=groups)
+        held = sum(weight * task.gpus * task.per_gpu().core for task, weight in ordered)
+        cpu = sum(weight * task.cpu_milli for task, weight in ordered if task.gpus)
+        memory = sum(weight * task.memory_mib for task, weight in ordered if task.gpus)
+        return cls(
+            weights=tuple(ordered),
+            groups=groups,
+            cpu_per_percent=cpu / held if held else 0.0,
+            memory_per_percent=memory / held if held else 0.0,
+        )
 
     @property
     def total(self) -> float:
@@ -193,6 +211,25 @@ def fragmentation(node: NodeFree, workload: Workload) -> float:
             for task_cpu, task_memory, weight in group.rows:
                 expected += weight * (total if task_cpu > cpu or task_memory > memory else fragment)
     return expected
+
+
+def stranded(node: NodeFree, workload: Workload) -> float:
+    """The free GPU compute (percent) of ``node`` that its free CPU, and apart its free memory,
+    could not serve at the workload's CPU and memory per percent of GPU: for each, the free
+    compute less what the resource left would carry, if positive; the two are added.
+
+    0 for a workload without GPU tasks, or one whose GPU tasks ask none of the resource.
+    """
+    cpu_rate, memory_rate = workload.cpu_per_percent, workload.memory_per_percent
+    if cpu_rate <= 0 and memory_rate <= 0:
+        return 0.0
+    total = node.free_compute
+    amount = 0.0
+    if cpu_rate > 0 and total * cpu_rate > node.cpu_milli:
+        amount += total - node.cpu_milli / cpu_rate
+    if memory_rate > 0 and total * memory_rate > node.memory_mib:
+        amount += total - node.memory_mib / memory_rate
+    return amount
 
 
 def place(node: NodeFree, task: Task, gpus: Iterable[int]) -> NodeFree:

@@ -20,7 +20,8 @@ Filter (docs/behaviour.md, ours):
 Prioritize: least fragmentation (docs/placement.md). Every pod the scheduler asks
 about (GPU-sharing, whole-GPU, CPU-only) scores each node it may go to by the
 fragmentation its placement adds there, for the workload the cluster has seen
-(``gpupool.core.fragmentation``), with the node's CPU and memory: nodes where it
+(``gpupool.core.fragmentation``), with the node's CPU and memory, plus the change of
+the free GPU its CPU and memory left could not serve (``stranded``): nodes where it
 fits a GPU by limits now first, then the lowest gradient, then the fullest node.
 The cheapest get 10, the others 2..9 by rank; nodes where it would wait 1 or 0.
 """
@@ -34,7 +35,14 @@ from typing import TypeVar
 import msgspec
 
 from gpupool.core import PodSpec, Rejection, validate_pod
-from gpupool.core.fragmentation import NodeFree, Task, Workload, fragmentation, place
+from gpupool.core.fragmentation import (
+    NodeFree,
+    Task,
+    Workload,
+    fragmentation,
+    place,
+    stranded,
+)
 from gpupool.core.placement import GpuUsage, add, choose_gpu
 from gpupool.core.state import GPU_PERCENT
 from gpupool.core.validation import (
@@ -318,10 +326,10 @@ NodeModels = Callable[[Node], NodeModel]
 
 
 Cost = tuple[int, float, float]
-"""Lower is better: (tier, fragmentation gradient, share of the node's GPU compute left
-free afterwards). Tier 0: the pod fits a GPU by limits now; tier 1: it would wait behind
-pods already waiting there (the queue is blocked anyway); tier 2: it would be the first
-to wait."""
+"""Lower is better: (tier, fragmentation gradient plus the change of the stranded GPU,
+share of the node's GPU compute left free afterwards). Tier 0: the pod fits a GPU by
+limits now; tier 1: it would wait behind pods already waiting there (the queue is blocked
+anyway); tier 2: it would be the first to wait."""
 
 FITS_NOW, BEHIND_WAITING, FIRST_TO_WAIT = 0, 1, 2
 NodeKey = TypeVar("NodeKey")
@@ -347,7 +355,10 @@ def placement_cost(
     The GPUs come from the core's ``choose_gpu`` with the node's own workload (one GPU)
     or are the lowest-indexed wholly free ones (several GPUs). The gradient is the change
     of the node's expected fragment over the cluster's ``workload``, CPU and memory
-    included: a placement that starves a node of CPU makes its free GPUs fragments.
+    included: a placement that starves a node of CPU makes its free GPUs fragments. To it
+    is added the change of the node's ``stranded`` GPU (the free GPU compute its CPU and
+    memory left could not serve at the workload's CPU and memory per GPU), in the same
+    unit, unweighted: a pod that uses up CPU the node's free GPUs will need costs them.
     ``before``: the node's fragmentation now, if the caller knows it. ``choose``:
     ``node_gpu_choice``, or the same remembered by the caller.
     """
@@ -369,6 +380,7 @@ def placement_cost(
     if before is None:
         before = fragmentation(model.free, workload)
     change = fragmentation(after, workload) - before
+    change += stranded(after, workload) - stranded(model.free, workload)
     capacity = GPU_PERCENT * len(indices)
     left = after.free_compute / capacity if capacity else 0.0
     return (0, round(change, 6), round(left, 6)), gpus
