@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import msgspec
@@ -24,10 +25,11 @@ from gpupool.core.simulation import Scenario, simulate
 from gpupool.eventlog import JetStreamEventLog
 from gpupool.eventlog.archive import Archive, StreamOperator, checkpoint_name, segment_name
 from gpupool.eventlog.nats_server import run_nats_server
+from gpupool.eventlog.port import StoredEvent
 from gpupool.eventlog.reader import ReadOnlyLog
-from gpupool.events import Envelope, event_node
+from gpupool.events import Envelope, PodRef, PodRegistered, event_node
 from gpupool.runtime.decider import DeciderLoop
-from gpupool.runtime.projection import metrics_projection
+from gpupool.runtime.projection import Projection, metrics_projection
 from gpupool.runtime.service import LogPurgedPastSnapshot, ServiceOptions, run_service
 from gpupool.runtime.snapshot import decode_snapshot
 
@@ -306,3 +308,123 @@ async def test_a_service_restarts_after_a_purge_from_its_snapshot_with_the_same_
         await run_until_rebuilt(fresh, service_logs)
         replica = decode_snapshot((snapshots / "admission-queue-u.snapshot").read_bytes())
         assert replica.last_seq == cut and replica.state == saved.state
+
+
+class PartitionRecorder:
+    """A partitioned service that records what it is handed (the node-executor's place)."""
+
+    name = "node-executor"
+
+    def __init__(self) -> None:
+        self.loop: DeciderLoop | None = None
+        self.handed: list[StoredEvent] = []
+        self.new = asyncio.Event()
+
+    async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
+        self.loop = loop
+
+    async def react(self, entry: StoredEvent) -> None:
+        self.handed.append(entry)
+        self.new.set()
+
+
+def other_node_log(node: str) -> list[Envelope]:
+    """The preemption scenario's traffic on ``node`` (ids of its own)."""
+    scenario = msgspec.convert(
+        yaml.safe_load((ROOT / "scenarios" / "preemption-priority.yaml").read_text()), Scenario
+    )
+    scenario = msgspec.structs.replace(
+        scenario,
+        nodes=[msgspec.structs.replace(n, name=node) for n in scenario.nodes],
+        pods=[msgspec.structs.replace(p, node=node) for p in scenario.pods],
+        timeline=[
+            msgspec.structs.replace(a, node=node) if a.node is not None else a
+            for a in scenario.timeline
+        ],
+    )
+    return [msgspec.structs.replace(e, id=f"other-{e.id}") for e in simulate(scenario)]
+
+
+async def test_a_partitioned_executor_starts_after_a_purge_from_the_whole_cluster_checkpoint(
+    tmp_path: Path, service_logs: list[str]
+) -> None:
+    node = event_node(ENVELOPES[0].event)
+    other = "gpu-other.example"
+    cluster = sorted([*ENVELOPES, *other_node_log(other)], key=lambda e: e.time)
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    async with run_nats_server(tmp_path / "nats") as url:
+        log = await JetStreamEventLog.connect(url)
+        try:
+            await log.append_many(cluster)
+            cut = await log.last_seq()
+            where = ["--nats", url]
+            archive = Path(tmp_path / "archive")
+            assert await cli("log", "archive", *where, "--to", str(archive)) == 0
+            assert (
+                await cli("log", "purge", *where, "--archive", str(archive), "--up-to", str(cut))
+                == 0
+            )
+            checkpoint = decode_snapshot((archive / checkpoint_name(cut)).read_bytes())
+            whole = Projection.from_snapshot(checkpoint)
+            assert set(whole.state.nodes) == {node, other}  # a whole-cluster fold
+            shutil.copy(archive / checkpoint_name(cut), snapshots / "node-executor-t.snapshot")
+
+            options = ServiceOptions(
+                nats_url=url,
+                http_host="127.0.0.1",
+                http_port=0,
+                stream="GPUPOOL",
+                instance="t",
+                snapshot_dir=snapshots,
+            )
+            service = PartitionRecorder()
+            stop = asyncio.Event()
+            running = asyncio.create_task(run_service(service, options, stop, partition=node))
+            try:
+                async with asyncio.timeout(30):
+                    while not any("rebuilt from" in line for line in service_logs):
+                        done, _ = await asyncio.wait({running}, timeout=0.05)
+                        if done:
+                            await running  # it failed (before: LogPurgedPastSnapshot)
+                assert service.loop is not None
+                projection = service.loop.projection
+                assert projection.last_seq == cut
+                assert set(projection.state.nodes) == {node}
+                assert {ref for ref in projection.state.pods} == {
+                    ref for ref, pod in whole.state.pods.items() if pod.node == node
+                }
+                for ref, pod in projection.state.pods.items():
+                    assert pod == whole.state.pods[ref]  # each of its pods as it was
+                assert projection.state.nodes[node] == whole.state.nodes[node]
+
+                # it goes on with its node's new entries, and is handed none of the other's
+                first = next(e for e in ENVELOPES if isinstance(e.event, PodRegistered))
+                late = msgspec.structs.replace(
+                    first, id="late-registration", time=ENVELOPES[-1].time
+                )
+                registered = msgspec.structs.replace(
+                    late,
+                    event=msgspec.structs.replace(
+                        late.event, pod=PodRef(namespace="default", name="late")
+                    ),
+                )
+                elsewhere = msgspec.structs.replace(other_node_log(other)[0], id="late-other")
+                await log.append(elsewhere)  # an entry of the other node, before its own
+                seq = await log.append(registered)
+                async with asyncio.timeout(30):
+                    while not any(e.seq == seq for e in service.handed):
+                        service.new.clear()
+                        await service.new.wait()
+                assert {event_node(e.envelope.event) for e in service.handed} == {node}
+                assert PodRef(namespace="default", name="late") in projection.state.pods
+            finally:
+                stop.set()
+                async with asyncio.timeout(30):
+                    await asyncio.gather(running, return_exceptions=True)
+            await running
+            saved = decode_snapshot((snapshots / "node-executor-t.snapshot").read_bytes())
+            resumed = Projection.from_snapshot(saved)
+            assert set(resumed.state.nodes) == {node} and resumed.last_seq == seq
+        finally:
+            await log.close()
