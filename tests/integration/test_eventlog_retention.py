@@ -27,6 +27,7 @@ from gpupool.eventlog.archive import Archive, StreamOperator, checkpoint_name, s
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.eventlog.port import StoredEvent
 from gpupool.eventlog.reader import ReadOnlyLog
+from gpupool.eventlog.subjects import node_token
 from gpupool.events import Envelope, PodRef, PodRegistered, event_node
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.projection import Projection, metrics_projection
@@ -368,7 +369,10 @@ async def test_a_partitioned_executor_starts_after_a_purge_from_the_whole_cluste
             checkpoint = decode_snapshot((archive / checkpoint_name(cut)).read_bytes())
             whole = Projection.from_snapshot(checkpoint)
             assert set(whole.state.nodes) == {node, other}  # a whole-cluster fold
-            shutil.copy(archive / checkpoint_name(cut), snapshots / "node-executor-t.snapshot")
+            shutil.copy(
+                archive / checkpoint_name(cut),
+                snapshots / f"node-executor-t-{node_token(node)}.snapshot",
+            )
 
             options = ServiceOptions(
                 nats_url=url,
@@ -423,8 +427,14 @@ async def test_a_partitioned_executor_starts_after_a_purge_from_the_whole_cluste
                 async with asyncio.timeout(30):
                     await asyncio.gather(running, return_exceptions=True)
             await running
-            saved = decode_snapshot((snapshots / "node-executor-t.snapshot").read_bytes())
+            saved = decode_snapshot(
+                (snapshots / f"node-executor-t-{node_token(node)}.snapshot").read_bytes()
+            )
             resumed = Projection.from_snapshot(saved)
             assert set(resumed.state.nodes) == {node} and resumed.last_seq == seq
+            # its snapshot is named as its durable: a purge past the cut finds it
+            assert await cli("log", "archive", *where, "--to", str(archive)) == 0
+            purge = ["log", "purge", *where, "--archive", str(archive), "--up-to", str(seq)]
+            assert await cli(*purge, "--snapshot-dir", str(snapshots)) == 0
         finally:
             await log.close()

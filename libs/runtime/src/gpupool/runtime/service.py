@@ -189,12 +189,18 @@ async def run_service(
             tls_ca=options.nats_ca,
         )
         stack.push_async_callback(event_log.close)
+        durable = f"{service.name}-{options.instance}"
+        if partition is not None:  # its own durable: one filtered on the node's subjects
+            durable += f"-{node_token(partition)}"
         snapshots: FileSnapshotStore | None = None
         if options.snapshot_dir is not None:
             options.snapshot_dir.mkdir(parents=True, exist_ok=True)
-            snapshots = FileSnapshotStore(
-                options.snapshot_dir / f"{service.name}-{options.instance}.snapshot"
-            )
+            # named as its durable, which `gpupool log purge --snapshot-dir` matches it to
+            path = options.snapshot_dir / f"{durable}.snapshot"
+            earlier = options.snapshot_dir / f"{service.name}-{options.instance}.snapshot"
+            if partition is not None and not path.exists() and earlier.exists():
+                earlier.rename(path)  # the name a partitioned service's snapshot had before
+            snapshots = FileSnapshotStore(path)
             projection, why = await load_projection(snapshots, empty=projection_factory)
             log.info("%s: %s", service.name, why)
             end = await event_log.last_seq()
@@ -227,7 +233,7 @@ async def run_service(
             where = (
                 str(snapshots.path)
                 if snapshots is not None
-                else "<snapshot-dir>/<service>-<instance>.snapshot (and set --snapshot-dir)"
+                else f"<snapshot-dir>/{durable}.snapshot (and set --snapshot-dir)"
             )
             raise LogPurgedPastSnapshot(
                 f"{service.name}: the log starts at sequence {first} (entries before it were "
@@ -264,9 +270,6 @@ async def run_service(
             loop.projection.last_seq,
         )
         await service.start(loop, stack)
-        durable = f"{service.name}-{options.instance}"
-        if partition is not None:  # its own durable: one filtered on the node's subjects
-            durable += f"-{node_token(partition)}"
         consumer = asyncio.create_task(
             loop.consume(
                 durable,
