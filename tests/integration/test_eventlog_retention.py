@@ -6,6 +6,7 @@ back after a purge from its snapshot (or the archive's checkpoint) with the same
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
@@ -22,7 +23,7 @@ from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.cli.main import main
 from gpupool.core import RemovePod
 from gpupool.core.simulation import Scenario, simulate
-from gpupool.eventlog import JetStreamEventLog
+from gpupool.eventlog import JetStreamEventLog, jetstream
 from gpupool.eventlog.archive import Archive, StreamOperator, checkpoint_name, segment_name
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.eventlog.port import StoredEvent
@@ -32,7 +33,7 @@ from gpupool.events import Envelope, PodRef, PodRegistered, event_node
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.projection import Projection, metrics_projection
 from gpupool.runtime.service import LogPurgedPastSnapshot, ServiceOptions, run_service
-from gpupool.runtime.snapshot import decode_snapshot
+from gpupool.runtime.snapshot import decode_snapshot, encode_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -438,3 +439,73 @@ async def test_a_partitioned_executor_starts_after_a_purge_from_the_whole_cluste
             assert await cli(*purge, "--snapshot-dir", str(snapshots)) == 0
         finally:
             await log.close()
+
+
+async def durables_of(nats_url: str, log: JetStreamEventLog) -> list[str]:
+    operator = await StreamOperator.connect(
+        nats_url, stream=log.stream, subject_prefix=log.subject_prefix
+    )
+    try:
+        return await operator.durables()
+    finally:
+        await operator.close()
+
+
+async def test_a_durable_nobody_pulls_from_expires_and_no_longer_holds_a_purge_back(
+    nats_url: str,
+    jetstream_log: JetStreamEventLog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A replica gone for good (scaled away, its node removed) leaves its durable behind;
+    the server deletes it after ``inactive_threshold`` (24 h; 2 s here), while the durable of a
+    running subscriber, waiting on an empty log, stays."""
+    monkeypatch.setattr(jetstream, "DURABLE_INACTIVE_SECONDS", 2.0)
+    await filled(jetstream_log)
+    cut = await jetstream_log.last_seq()
+    running = jetstream_log.subscribe(durable="admission-queue-running")
+    gone = jetstream_log.subscribe(durable="admission-queue-gone")
+    for subscription in (running, gone):
+        async with asyncio.timeout(30):
+            seen = 0
+            while seen < cut:
+                delivery = await anext(subscription)
+                seen = delivery.entries[-1].seq
+                await delivery.ack()
+    # both wait on the log's end (a pull request outstanding: activity for the server)
+    waiting = asyncio.create_task(anext(running))
+    waiting_too = asyncio.create_task(anext(gone))
+    info = await jetstream_log._js.consumer_info(jetstream_log.stream, "admission-queue-gone")
+    assert info.config.inactive_threshold == 2.0  # the one field set on each durable
+    where = source(nats_url, jetstream_log)
+    archive = tmp_path / "archive"
+    assert await cli("log", "archive", *where, "--to", str(archive)) == 0
+    snapshot = tmp_path / "admission-queue-running.snapshot"
+    snapshot.write_bytes(encode_snapshot(Projection(last_seq=cut).to_snapshot()))
+    purge = ["log", "purge", *where, "--archive", str(archive), "--up-to", str(cut)]
+    assert await cli(*purge, "--snapshot", str(snapshot)) == 1
+    assert "no snapshot given for the durable consumer(s) admission-queue-gone" in (
+        capfd.readouterr().err
+    )
+    assert await durables_of(nats_url, jetstream_log) == [
+        "admission-queue-gone",
+        "admission-queue-running",
+    ]
+    waiting_too.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting_too
+    await gone.aclose()  # the replica that went away; `running` waits for more
+    try:
+        async with asyncio.timeout(30):
+            # polling the server's list: the server tells nobody it deleted a consumer
+            while "admission-queue-gone" in await durables_of(nats_url, jetstream_log):  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
+        assert await durables_of(nats_url, jetstream_log) == ["admission-queue-running"]
+        assert not waiting.done()  # its subscriber was never told anything
+        assert await cli(*purge, "--snapshot", str(snapshot)) == 0
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        await running.aclose()
