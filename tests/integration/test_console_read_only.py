@@ -2,7 +2,7 @@
 
 A real nats-server with two users: ``writer`` (everything) and ``reader``, with the
 permissions ``gpupool credentials generate`` gives its reader (stream info, message
-get, ordered consumers, flow-control replies, its inbox). The writer
+get, its own replay consumers, its inbox). The writer
 appends the worked example; the console's feed, connected as ``reader``, receives
 every entry, including one appended while it follows; the same user is refused
 when it tries to append to the log.

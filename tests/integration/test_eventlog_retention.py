@@ -28,7 +28,6 @@ from gpupool.eventlog.archive import Archive, StreamOperator, checkpoint_name, s
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.eventlog.port import StoredEvent
 from gpupool.eventlog.reader import ReadOnlyLog
-from gpupool.eventlog.subjects import node_token
 from gpupool.events import Envelope, PodRef, PodRegistered, event_node
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.projection import Projection, metrics_projection
@@ -244,19 +243,28 @@ def service_logs() -> Iterator[list[str]]:
 
 
 async def run_until_rebuilt(options: ServiceOptions, seen: list[str]) -> None:
-    """Start the admission-queue, wait until it has rebuilt, stop it (it saves its snapshot)."""
+    """Start the admission-queue, wait until it has rebuilt and holds its durable consumer,
+    stop it (it saves its snapshot)."""
     stop = asyncio.Event()
     count = len(seen)
     service = asyncio.create_task(
         run_service(AdmissionQueue(), options, stop, projection_factory=metrics_projection)
     )
+    operator = await StreamOperator.connect(options.nats_url, stream=options.stream)
+
+    async def consuming() -> bool:  # the durable is claimed after the rebuild is logged
+        return f"admission-queue-{options.instance}" in await operator.durables()
+
     try:
-        async with asyncio.timeout(30):
-            while not any("rebuilt from" in line for line in seen[count:]):
+        async with asyncio.timeout(60):
+            while not any("rebuilt from" in line for line in seen[count:]) or not (
+                await consuming()
+            ):
                 done, _ = await asyncio.wait({service}, timeout=0.05)
                 if done:
                     await service  # it failed: raise what it raised
     finally:
+        await operator.close()
         stop.set()
         async with asyncio.timeout(30):
             await asyncio.gather(service, return_exceptions=True)
@@ -372,7 +380,7 @@ async def test_a_partitioned_executor_starts_after_a_purge_from_the_whole_cluste
             assert set(whole.state.nodes) == {node, other}  # a whole-cluster fold
             shutil.copy(
                 archive / checkpoint_name(cut),
-                snapshots / f"node-executor-t-{node_token(node)}.snapshot",
+                snapshots / "node-executor-t.snapshot",
             )
 
             options = ServiceOptions(
@@ -428,9 +436,7 @@ async def test_a_partitioned_executor_starts_after_a_purge_from_the_whole_cluste
                 async with asyncio.timeout(30):
                     await asyncio.gather(running, return_exceptions=True)
             await running
-            saved = decode_snapshot(
-                (snapshots / f"node-executor-t-{node_token(node)}.snapshot").read_bytes()
-            )
+            saved = decode_snapshot((snapshots / "node-executor-t.snapshot").read_bytes())
             resumed = Projection.from_snapshot(saved)
             assert set(resumed.state.nodes) == {node} and resumed.last_seq == seq
             # its snapshot is named as its durable: a purge past the cut finds it
@@ -458,54 +464,69 @@ async def test_a_durable_nobody_pulls_from_expires_and_no_longer_holds_a_purge_b
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """A replica gone for good (scaled away, its node removed) leaves its durable behind;
-    the server deletes it after ``inactive_threshold`` (24 h; 2 s here), while the durable of a
-    running subscriber, waiting on an empty log, stays."""
-    monkeypatch.setattr(jetstream, "DURABLE_INACTIVE_SECONDS", 2.0)
+    """A replica gone for good (scaled away, its node removed) leaves its durable slot behind;
+    the server deletes it after its ``inactive_threshold`` (SLOT_INACTIVE_SECONDS, 300 s;
+    2 s here), while the slot of a running replica, waiting on an empty log, stays."""
+    monkeypatch.setattr(jetstream, "SLOT_INACTIVE_SECONDS", 2.0)
     await filled(jetstream_log)
     cut = await jetstream_log.last_seq()
-    running = jetstream_log.subscribe(durable="admission-queue-running")
-    gone = jetstream_log.subscribe(durable="admission-queue-gone")
-    for subscription in (running, gone):
-        async with asyncio.timeout(30):
-            seen = 0
-            while seen < cut:
-                delivery = await anext(subscription)
-                seen = delivery.entries[-1].seq
-                await delivery.ack()
-    # both wait on the log's end (a pull request outstanding: activity for the server)
-    waiting = asyncio.create_task(anext(running))
-    waiting_too = asyncio.create_task(anext(gone))
-    info = await jetstream_log._js.consumer_info(jetstream_log.stream, "admission-queue-gone")
-    assert info.config.inactive_threshold == 2.0  # the one field set on each durable
-    where = source(nats_url, jetstream_log)
-    archive = tmp_path / "archive"
-    assert await cli("log", "archive", *where, "--to", str(archive)) == 0
-    snapshot = tmp_path / "admission-queue-running.snapshot"
-    snapshot.write_bytes(encode_snapshot(Projection(last_seq=cut).to_snapshot()))
-    purge = ["log", "purge", *where, "--archive", str(archive), "--up-to", str(cut)]
-    assert await cli(*purge, "--snapshot", str(snapshot)) == 1
-    assert "no snapshot given for the durable consumer(s) admission-queue-gone" in (
-        capfd.readouterr().err
-    )
-    assert await durables_of(nats_url, jetstream_log) == [
-        "admission-queue-gone",
-        "admission-queue-running",
-    ]
-    waiting_too.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await waiting_too
-    await gone.aclose()  # the replica that went away; `running` waits for more
+    replicas = {
+        name: await JetStreamEventLog.connect(
+            nats_url,
+            stream=jetstream_log.stream,
+            subject_prefix=jetstream_log.subject_prefix,
+            claimant=name,
+        )
+        for name in ("running", "gone")
+    }
     try:
-        async with asyncio.timeout(30):
-            # polling the server's list: the server tells nobody it deleted a consumer
-            while "admission-queue-gone" in await durables_of(nats_url, jetstream_log):  # noqa: ASYNC110
-                await asyncio.sleep(0.2)
-        assert await durables_of(nats_url, jetstream_log) == ["admission-queue-running"]
-        assert not waiting.done()  # its subscriber was never told anything
-        assert await cli(*purge, "--snapshot", str(snapshot)) == 0
-    finally:
-        waiting.cancel()
+        # as run_service does: each replica claims a slot admission-queue-<n> as its own
+        running = replicas["running"].subscribe(durable="admission-queue")
+        gone = replicas["gone"].subscribe(durable="admission-queue")
+        for subscription in (running, gone):
+            async with asyncio.timeout(30):
+                seen = 0
+                while seen < cut:
+                    delivery = await anext(subscription)
+                    seen = delivery.entries[-1].seq
+                    await delivery.ack()
+        # both wait on the log's end (a pull request outstanding: activity for the server)
+        waiting = asyncio.create_task(anext(running))
+        waiting_too = asyncio.create_task(anext(gone))
+        infos = await jetstream_log._js.consumers_info(jetstream_log.stream)
+        assert {info.config.inactive_threshold for info in infos} == {2.0}
+        where = source(nats_url, jetstream_log)
+        archive = tmp_path / "archive"
+        assert await cli("log", "archive", *where, "--to", str(archive)) == 0
+        snapshot = tmp_path / "admission-queue-running.snapshot"
+        snapshot.write_bytes(encode_snapshot(Projection(last_seq=cut).to_snapshot()))
+        purge = ["log", "purge", *where, "--archive", str(archive), "--up-to", str(cut)]
+        assert await cli(*purge, "--snapshot", str(snapshot)) == 1
+        assert "no snapshot given for the durable consumer(s) admission-queue-gone" in (
+            capfd.readouterr().err
+        )
+        assert await durables_of(nats_url, jetstream_log) == [
+            "admission-queue-gone",
+            "admission-queue-running",
+        ]
+        waiting_too.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await waiting
-        await running.aclose()
+            await waiting_too
+        await gone.aclose()  # the replica that went away; `running` waits for more
+        await replicas.pop("gone").close()
+        try:
+            async with asyncio.timeout(30):
+                # polling the server's list: the server tells nobody it deleted a consumer
+                while "admission-queue-gone" in await durables_of(nats_url, jetstream_log):  # noqa: ASYNC110
+                    await asyncio.sleep(0.2)
+            assert await durables_of(nats_url, jetstream_log) == ["admission-queue-running"]
+            assert not waiting.done()  # its subscriber was never told anything
+            assert await cli(*purge, "--snapshot", str(snapshot)) == 0
+        finally:
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            await running.aclose()
+    finally:
+        for log in replicas.values():
+            await log.close()

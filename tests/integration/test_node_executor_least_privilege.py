@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from gpupool.events import PodRef
-from gpupool.node_executor.processes import ProcessSupervisor, credentials_of
+from gpupool.node_executor.processes import CallerCredentials, ProcessSupervisor, credentials_of
 
 pytestmark = [
     pytest.mark.integration,
@@ -152,3 +153,71 @@ async def test_a_users_command_runs_as_that_user_with_its_groups_and_no_capabili
     assert int(command["CapEff"], 16) == 0
     assert int(command["CapPrm"], 16) == 0
     assert command["NoNewPrivs"] == "1"
+
+
+async def start_for_user(
+    tmp_path: Path, devnull: int, argv: list[str], path: str, *, credentials: bool
+) -> tuple[int, str]:
+    """Start ``argv`` for uid/gid 4242 as a root executor does (with or without the caller's
+    credentials read from /proc: ``run_as`` alone); its exit code and what it wrote."""
+    out = tmp_path / "out.txt"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        supervisor = ProcessSupervisor(records_dir=tmp_path / "workloads")
+        workload = await supervisor.start(
+            POD,
+            argv,
+            {"PATH": path},
+            "/",
+            (devnull, fd, fd),
+            run_as=(4242, 4242),
+            credentials=CallerCredentials(uid=4242, gid=4242) if credentials else None,
+        )
+        async with asyncio.timeout(15):
+            code = await supervisor.wait(workload)
+    finally:
+        os.close(fd)
+    return code, out.read_text()
+
+
+async def test_a_users_command_starts_though_the_executors_interpreter_is_out_of_its_reach(
+    tmp_path: Path, devnull: int
+) -> None:
+    """The shim (the executor's own Python) runs as the executor and drops to the caller for
+    the command only: a venv under /root, unreadable by the caller, starts commands for it."""
+    code, out = await start_for_user(
+        tmp_path, devnull, ["id", "-u"], os.environ["PATH"], credentials=False
+    )
+    assert (code, out) == (0, "4242\n")
+
+
+async def test_a_command_the_caller_cannot_reach_is_refused_naming_the_directory(
+    tmp_path: Path, devnull: int
+) -> None:
+    # under a directory everyone may search (pytest's own temporary root is root's, 0700)
+    reachable = Path(tempfile.mkdtemp(prefix="gpupool-reach-"))
+    try:
+        reachable.chmod(0o755)
+        await refused_naming_the_directory(reachable, tmp_path, devnull)
+    finally:
+        shutil.rmtree(reachable)
+
+
+async def refused_naming_the_directory(base: Path, tmp_path: Path, devnull: int) -> None:
+    private = base / "private"
+    (private / "bin").mkdir(parents=True)
+    tool = private / "bin" / "tool"
+    tool.write_text("#!/bin/sh\necho ran\n")
+    tool.chmod(0o755)
+    private.chmod(0o700)  # root's own, as /root is
+    link = base / "bin"
+    link.mkdir()
+    (link / "tool").symlink_to(tool)
+    link.chmod(0o755)
+    for with_credentials in (True, False):
+        code, out = await start_for_user(
+            tmp_path, devnull, ["tool"], f"{link}:/usr/bin:/bin", credentials=with_credentials
+        )
+        assert code == 126
+        assert f"{link / 'tool'} is {tool}, and uid 4242 may not search {private}" in out, out
+        assert "ran" not in out

@@ -202,8 +202,10 @@ async def test_an_executor_reads_only_its_node_and_still_starts_and_ends_its_pod
     async with AsyncExitStack() as stack:
         stack.push_async_callback(delete_stream, nats_url, stream)
         policy_log = await connect("policy")
+        inventory_log = await connect("node-executor")  # an inventory is the executor's event
         for event in node_events(NODE_A, ["a1", "a2", "a3"]) + node_events(NODE_B, ["b1", "b2"]):
-            await policy_log.append(Envelope(id=uuid.uuid4().hex, time=T0, event=event))
+            writer = inventory_log if isinstance(event, GpuInventoryReported) else policy_log
+            await writer.append(Envelope(id=uuid.uuid4().hex, time=T0, event=event))
 
         executor_log = CountingLog(await connect("node-executor"))
         loop = DeciderLoop(executor_log, service="node-executor", partition=NODE_A)  # type: ignore[arg-type]

@@ -10,7 +10,8 @@ What is proved:
 * a client without credentials, one with a key the server does not know, and one
   that does not trust the server's CA are refused;
 * each service's credential works for everything its code does (create the stream,
-  append, append under optimistic concurrency, replay, its durable consumer, acks);
+  append, append under optimistic concurrency, replay, its durable consumer, acks;
+  test_nats_durables.py: no service may touch another's durable);
 * each service's credential may publish on its own writer's subjects and on nothing
   else: not another writer's subjects, not another node's executor subjects;
 * no credential can purge, delete or restore the stream, delete a message, or (but
@@ -52,6 +53,7 @@ from gpupool.eventlog.credentials import (
     new_user_seed,
     write_credentials,
 )
+from gpupool.eventlog.durables import CLAIMANT, durable_names
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.nats_server import nats_server_process
 from gpupool.eventlog.reader import ReadOnlyLog
@@ -291,6 +293,8 @@ async def test_each_services_credential_does_everything_the_service_does(
         tls_ca=deployment.ca,
         name=user,
         writer=writer,
+        claimant="replica-1",
+        consumer_base=user,  # as run_service connects with a credential
     )
     try:
         first = await log.append(own[0])
@@ -299,11 +303,12 @@ async def test_each_services_credential_does_everything_the_service_does(
         assert second > first
         replayed = [entry.seq async for entry in log.replay(node=node, from_seq=first)]
         assert replayed[:2] == [first, second]
-        durable = f"{writer}-test"
-        async with log.subscribe(durable=durable, node=node, from_seq=first) as subscription:
+        # its own durable: one of the user's slots, claimed for this replica
+        async with log.subscribe(durable=user, node=node, from_seq=first) as subscription:
             async with asyncio.timeout(20):
                 delivery = await anext(subscription)
                 await delivery.ack()
+            assert subscription.durable in durable_names(user)
         assert await log.last_seq() >= second
     finally:
         await log.close()
@@ -471,20 +476,23 @@ async def test_a_service_process_runs_with_its_credential_from_the_environment(
                 if "rebuilt from" in seen[-1]:
                     break
         assert any("rebuilt from" in line for line in seen), "".join(seen)
-        # its durable exists: the service created it with its own credential
+        # its durable exists: the service claimed one of its slots with its own credential
         violations = Violations()
         nc = await client(deployment, service, violations)
         try:
+            claimed: list[str] = []
             async with asyncio.timeout(20):
-                while True:
-                    try:
-                        info = await nc.jetstream(timeout=2).consumer_info(
-                            STREAM, f"{service}-security-test"
-                        )
-                        break
-                    except nats.js.errors.NotFoundError:
+                while not claimed:
+                    for name in durable_names(service):
+                        try:
+                            info = await nc.jetstream(timeout=2).consumer_info(STREAM, name)
+                        except nats.js.errors.NotFoundError:
+                            continue
+                        if (info.config.metadata or {}).get(CLAIMANT) == "security-test":
+                            claimed.append(name)
+                    if not claimed:
                         await asyncio.sleep(0.1)  # created right after the rebuild: poll the server
-            assert info.config.durable_name == f"{service}-security-test"
+            assert len(claimed) == 1, claimed
         finally:
             await nc.close()
     finally:

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 from core_gwt import NODE, T0, Given, Run, Wait, at, gpu_uuid, ref, topology
 
 from gpupool.core import PlanPreemption, decide, evolve
 from gpupool.core.state import State
 from gpupool.core.verification import check_liveness_and_optimality
-from gpupool.events import Assigned, Envelope, Event, PodRemoved, Preempted, QosConfig, Released
+from gpupool.events import (
+    Assigned,
+    Envelope,
+    Event,
+    PodReady,
+    PodRemoved,
+    Preempted,
+    QosConfig,
+    Released,
+)
 
 PREEMPT = QosConfig(preempt_enabled=True)
 
@@ -48,11 +58,25 @@ def test_an_idle_gpu_beside_a_head_that_fits_until_the_end_is_found() -> None:
     assert "until the end of the log" in findings[0].message
 
 
+def caused_by_the_entry_before(log: list[tuple[int, list[Envelope]]]) -> None:
+    """The last entry's envelopes name the one before it as their cause."""
+    seq, envelopes = log[-1]
+    cause = log[-2][1][-1].id
+    log[-1] = (seq, [msgspec.structs.replace(e, causation_id=cause) for e in envelopes])
+
+
 def test_a_decision_that_leaves_a_fitting_head_waiting_is_found() -> None:
     given = topology(2, waiting=[Wait("a", 100), Wait("b", 100)])
-    findings = check_liveness_and_optimality(entries(given, [assigned("b", 1)]))
+    log = entries(given, [assigned("b", 1)])
+    caused_by_the_entry_before(log)
+    findings = check_liveness_and_optimality(log)
     assert [f.pod for f in findings] == ["default/a"]
     assert "scheduling decision" in findings[0].message
+    # without a cause (a first decision after a start) the end of the log judges it
+    uncaused = entries(given, [assigned("b", 1)])
+    findings = check_liveness_and_optimality(uncaused)
+    assert [f.pod for f in findings] == ["default/a"]
+    assert "until the end of the log" in findings[0].message
 
 
 def test_a_log_served_in_time_has_no_finding() -> None:
@@ -143,7 +167,7 @@ def raced_log(
         event=Released(pod=ref("r"), node=NODE, reason="completed", exit_code=0, gpu_index=0),
     )
     log.append((len(log) + 1, [release]))
-    cause = {"ready-of-a": ready_of_a, "release": release.id}[cause_of_backfill]
+    cause = {"ready-of-a": ready_of_a, "release": release.id, "none": ""}[cause_of_backfill]
     backfill = Envelope(id="backfill-c", time=at(31), event=assigned("c", 0), causation_id=cause)
     log.append((len(log) + 1, [backfill]))
     if then_assign_head:
@@ -163,6 +187,24 @@ def test_a_decision_that_reacted_to_an_entry_before_the_room_was_made_is_judged_
 def test_a_raced_decision_not_followed_by_one_that_serves_the_head_is_found_at_the_end() -> None:
     log = raced_log(cause_of_backfill="ready-of-a", then_assign_head=False)
     findings = check_liveness_and_optimality(log)
+    assert [f.pod for f in findings] == ["default/a"]
+    assert "until the end of the log" in findings[0].message
+
+
+def test_a_first_decision_after_a_restart_racing_a_release_is_judged_by_the_next() -> None:
+    """A service's first decisions after it starts name no cause: made from its rebuild,
+    which may have ended before the Released that made room. Judged strictly, the entry
+    after it (here another pod's PodReady) reported a violation that did not happen."""
+    log = raced_log(cause_of_backfill="none", then_assign_head=False)
+    ready_d = Envelope(id="ready-d", time=at(31.5), event=PodReady(pod=ref("d"), node=NODE))
+    log.append((len(log) + 1, [ready_d]))
+    head = Envelope(id="assign-a", time=at(32), event=assigned("a", 0), causation_id="release-r")
+    log.append((len(log) + 1, [head]))
+    assert check_liveness_and_optimality(log) == []
+    # and one that is never followed by a decision serving the head is still found
+    unserved = raced_log(cause_of_backfill="none", then_assign_head=False)
+    unserved.append((len(unserved) + 1, [ready_d]))
+    findings = check_liveness_and_optimality(unserved)
     assert [f.pod for f in findings] == ["default/a"]
     assert "until the end of the log" in findings[0].message
 

@@ -226,3 +226,12 @@ def test_one_writer_at_a_time_holds_the_archive(tmp_path: Path) -> None:
         pass
     with archive.locked():  # released: taken again
         pass
+
+
+def test_a_claimed_durable_slot_stands_for_the_service_instance_named_in_its_metadata() -> None:
+    from gpupool.eventlog.archive import durable_reader
+
+    assert durable_reader("admission-queue-3", "aq-7f9c") == "admission-queue-aq-7f9c"
+    assert durable_reader("node-executor-gpu-node-1-0", "ex-1") == "node-executor-ex-1"
+    assert durable_reader("policy-0", "0") == "policy-0"
+    assert durable_reader("old-style-durable", None) == "old-style-durable"

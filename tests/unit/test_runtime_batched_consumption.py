@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.eventlog import InMemoryEventLog, StoredEvent
+from gpupool.eventlog.subjects import subject_for
 from gpupool.events import (
     Assigned,
     Envelope,
@@ -24,6 +25,7 @@ from gpupool.events import (
     PodRegistered,
     QosConfig,
     Share,
+    encode_envelope,
 )
 from gpupool.runtime.decider import DeciderLoop, last_entry_per_node
 
@@ -59,6 +61,15 @@ def node_with_pods(node: str, pods: int) -> list[Event]:
     return events
 
 
+async def append_as_producers(log: InMemoryEventLog, events: list[Event]) -> None:
+    """Each event on the subject of the service that appends it (gpupool.core.producers):
+    the inventory and PodReady by the node-executor, the rest by the policy."""
+    for event in events:
+        writer = "node-executor" if isinstance(event, GpuInventoryReported | PodReady) else "policy"
+        subject = subject_for(event, prefix=log.subject_prefix, writer=writer)
+        await log.append_raw(subject, encode_envelope(wrap(event)))
+
+
 def test_a_batch_touches_each_node_once_with_its_last_event() -> None:
     a1, b1, a2 = (
         StoredEvent(
@@ -78,7 +89,7 @@ def test_a_batch_touches_each_node_once_with_its_last_event() -> None:
 async def test_an_admission_queue_decides_once_per_node_of_a_burst_and_acks_it_all() -> None:
     log = InMemoryEventLog(writer="admission-queue")
     for node in ("a", "b"):
-        await log.append_many([wrap(event) for event in node_with_pods(node, 5)])
+        await append_as_producers(log, node_with_pods(node, 5))
     loop = DeciderLoop(log, service="admission-queue", clock=lambda: NOW)
     await loop.rebuild()
     service = AdmissionQueue()
@@ -92,12 +103,13 @@ async def test_an_admission_queue_decides_once_per_node_of_a_burst_and_acks_it_a
         decided.set()
 
     # the burst is in the log before the consumer looks: it is delivered as one batch
-    await log.append_many(
+    await append_as_producers(
+        log,
         [
-            wrap(PodReady(pod=PodRef(namespace="default", name=f"{node}-{index}"), node=node))
+            PodReady(pod=PodRef(namespace="default", name=f"{node}-{index}"), node=node)
             for index in range(5)
             for node in ("a", "b")
-        ]
+        ],
     )
     consumer = asyncio.create_task(loop.consume("aq", service.react, react_batch=react_batch))
     async with asyncio.timeout(WAIT_S):

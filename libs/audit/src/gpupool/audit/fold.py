@@ -9,6 +9,7 @@ import msgspec
 
 from gpupool.core import State
 from gpupool.eventlog.port import Entry, StoredEvent, Undecodable
+from gpupool.eventlog.subjects import writer_of_subject
 from gpupool.events import Envelope, PodRef, Released
 from gpupool.runtime.projection import Projection
 
@@ -73,7 +74,13 @@ def fold_until(entries: Sequence[Entry], until: datetime | None = None) -> Folde
             continue
         if until is not None and entry.envelope.time > until:
             break
-        folded.projection.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
+        folded.projection.apply(
+            entry.seq,
+            entry.envelope,
+            index=entry.index,
+            last=entry.last,
+            writer=writer_of_subject(entry.subject),
+        )
         folded.last = entry
         folded.entries += 1
     return folded

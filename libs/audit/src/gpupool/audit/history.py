@@ -18,6 +18,7 @@ from gpupool.audit.log import involves, log_origin
 from gpupool.core import queue_positions
 from gpupool.eventlog.port import Entry as LogEntry
 from gpupool.eventlog.port import StoredEvent, Undecodable
+from gpupool.eventlog.subjects import writer_of_subject
 from gpupool.events import (
     Assigned,
     Event,
@@ -132,7 +133,13 @@ def pod_history(entries: Sequence[LogEntry], pod: PodRef) -> History:
         event = envelope.event
         before = projection.state.pods.get(pod)
         held_since = before.running_since if before is not None else None
-        projection.apply(entry.seq, envelope, index=entry.index, last=entry.last)
+        projection.apply(
+            entry.seq,
+            envelope,
+            index=entry.index,
+            last=entry.last,
+            writer=writer_of_subject(entry.subject),
+        )
         state = projection.state
         mine = involves(event, pod)
         if isinstance(event, PodRegistered | PodRejected) and event.pod == pod:

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 import msgspec
 
 from gpupool.eventlog.port import Entry, StoredEvent, Undecodable
+from gpupool.eventlog.subjects import writer_of_subject
 from gpupool.events import Assigned, PodRef, Preempted, Released
 from gpupool.runtime.projection import Projection
 
@@ -76,5 +77,11 @@ def preemptions(entries: Sequence[Entry], *, node: str | None = None) -> list[Pr
                     records[index] = msgspec.structs.replace(
                         record, preemptor_assigned_at=now, preemptor_gpu=event.gpu_index
                     )
-        projection.apply(entry.seq, envelope, index=entry.index, last=entry.last)
+        projection.apply(
+            entry.seq,
+            envelope,
+            index=entry.index,
+            last=entry.last,
+            writer=writer_of_subject(entry.subject),
+        )
     return records

@@ -13,8 +13,10 @@ more than needed. Each finding names the first log entry that breaks the rule:
   made room (its envelope's ``causation_id``) may not have seen it: an Assigned's
   expectation covers only other claims, so a Released appended meanwhile does not
   refuse it (docs/eventlog.md). Such a decision does not end the head's one
-  decision; the next one, or the end of the log, judges it. A decision that names
-  no cause is judged strictly.
+  decision; the next one, or the end of the log, judges it. So is a decision that
+  names no cause (or one older than the window): a service's first decisions after
+  it starts react to no entry, and may have been made from a rebuild that ended
+  before the room was made (a restart racing a release).
 * **minimal victim set**: a preemption's victims (the Preempted events of one
   decision; in logs written before decisions were single entries, consecutive
   Preempted entries for the same preemptor) are no more than the smallest set the
@@ -88,7 +90,7 @@ class LivenessChecker:
     _removed: dict[PodRef, tuple[int, Envelope]] = field(default_factory=dict)
     _seq_of_id: OrderedDict[str, int] = field(default_factory=OrderedDict)
     """The sequence of the last CAUSE_WINDOW envelopes folded, by id: where a decision's
-    cause lies (a cause older than that is not found, and the decision judged strictly)."""
+    cause lies (a cause older than that is not found: the decision is judged by the next)."""
 
     def entry(self, seq: int, envelopes: Sequence[Envelope]) -> None:
         """Fold one log entry (the envelopes of one decision, sharing ``seq``)."""
@@ -193,7 +195,7 @@ class LivenessChecker:
                 seq=seq, envelope=envelope, head=head.ref, gpu=gpu
             )
         open_stall.gpu = gpu
-        if decided and (cause is None or cause >= open_stall.seq or open_stall.seq == seq):
+        if decided and ((cause is not None and cause >= open_stall.seq) or open_stall.seq == seq):
             open_stall.decided_at = seq  # it knew of the room: its decision was the one
 
     def _decision_left_room(self, node: str, stall: _Stall) -> None:

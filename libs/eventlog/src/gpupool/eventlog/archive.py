@@ -36,6 +36,7 @@ from pathlib import Path
 
 import msgspec
 
+from gpupool.eventlog.durables import CLAIMANT
 from gpupool.eventlog.port import Entry, read_entries
 from gpupool.eventlog.reader import RawMessage, ReadOnlyLog
 
@@ -546,9 +547,14 @@ class StreamOperator(ReadOnlyLog):
     stream's durable consumers, and purges. Nothing else of the stream changes."""
 
     async def durables(self) -> list[str]:
-        """The durable consumers of the stream: one per service instance."""
+        """The service instances holding a durable consumer of the stream, each named as its
+        snapshot is (``<service>-<instance>``; :func:`durable_reader`)."""
         infos = await self._js.consumers_info(self.stream)
-        return sorted(info.config.durable_name for info in infos if info.config.durable_name)
+        return sorted(
+            durable_reader(info.config.durable_name, (info.config.metadata or {}).get(CLAIMANT))
+            for info in infos
+            if info.config.durable_name
+        )
 
     async def message(self, seq: int) -> tuple[str, bytes]:
         """(subject, bytes) of the stream's message ``seq``."""
@@ -558,6 +564,21 @@ class StreamOperator(ReadOnlyLog):
     async def purge_through(self, seq: int) -> None:
         """Remove every message up to and including ``seq`` (JetStream keeps ``seq + 1`` on)."""
         await self._js.purge_stream(self.stream, seq=seq + 1)
+
+
+def durable_reader(durable: str, claimant: str | None) -> str:
+    """The reader a durable consumer stands for, named as its snapshot file is.
+
+    A service replica claims one of its NATS user's durable slots ``<user>-<slot>``
+    (gpupool.eventlog.durables) and names itself (its ``--instance``) in the slot's
+    metadata; its snapshot is ``<service>-<instance>.snapshot``, where the service is the
+    user's writer (``node-executor-<node>`` is a node-executor). A durable without a
+    claimant (made before the slots) stands for itself."""
+    if claimant is None:
+        return durable
+    user = durable.rsplit("-", 1)[0]
+    service = "node-executor" if user.startswith("node-executor-") else user
+    return f"{service}-{claimant}"
 
 
 def archived_message(archive: Archive, sealed: Sequence[Sealed], seq: int) -> RawMessage:

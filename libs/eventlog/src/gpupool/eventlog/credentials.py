@@ -14,6 +14,10 @@ Users:
 * ``policy``, ``admission-queue``, ``preemption``: append on their own writer's
   subjects of every node (``<prefix>.*.<writer>``), nothing else;
 * ``node-executor-<node>``: append only on ``<prefix>.<node>.node-executor``;
+* each of these may create, pull from and ack only its own durable consumers
+  (``<user>-0`` … ``<user>-7``: :mod:`gpupool.eventlog.durables`), delete none, and
+  read the log through its own replay consumers (``<user>-replay-<k>``,
+  :mod:`gpupool.eventlog.named_replay`); nobody may use the nameless consumer create;
 * ``reader``: the console and ``gpupool log``/``verify``: read the stream, never append;
 * ``stream-admin``: the deployments' ensure-stream step: create and scale the stream;
 * ``operator``: a person's, for retention (``gpupool log archive`` / ``purge``): reads the
@@ -38,10 +42,11 @@ from typing import Any
 import msgspec
 import nkeys
 
+from gpupool.eventlog.durables import durable_base, durable_names
+from gpupool.eventlog.named_replay import replay_names
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
     WRITERS,
-    node_token,
     writer_subject_filter,
 )
 
@@ -76,6 +81,7 @@ DEFAULT_TLS_NAMES = (
 """Names the server certificate is valid for: compose's ``nats`` and the Kubernetes services."""
 
 FORBIDDEN_TO_EVERY_USER = (
+    "$JS.API.CONSUMER.DURABLE.CREATE.>",
     "$JS.API.STREAM.PURGE.>",
     "$JS.API.STREAM.DELETE.>",
     "$JS.API.STREAM.RESTORE.>",
@@ -102,30 +108,36 @@ class User(msgspec.Struct, frozen=True, kw_only=True):
     permissions: Permissions
 
 
-def _reading(stream: str) -> tuple[str, ...]:
-    """What reading the log needs: stream info, message get, ordered (ephemeral) consumers."""
+def _reading(stream: str, base: str) -> tuple[str, ...]:
+    """What reading the log needs: stream info, message get, and the user's own replay
+    consumers (``replay_names(base)``: create, pull, delete). Not the nameless consumer
+    create of ordered consumers: a request there may name, and so update, any consumer."""
     api = "$JS.API"
-    return (
-        f"{api}.INFO",
-        f"{api}.STREAM.INFO.{stream}",
-        f"{api}.STREAM.MSG.GET.{stream}",
-        f"{api}.CONSUMER.CREATE.{stream}",
-        f"{api}.CONSUMER.CREATE.{stream}.>",
-        f"{api}.CONSUMER.INFO.{stream}.*",
-        f"{api}.CONSUMER.DELETE.{stream}.*",
-        f"$JS.FC.{stream}.>",
-    )
+    grants = [f"{api}.INFO", f"{api}.STREAM.INFO.{stream}", f"{api}.STREAM.MSG.GET.{stream}"]
+    for name in replay_names(base):
+        grants += [
+            f"{api}.CONSUMER.CREATE.{stream}.{name}.>",
+            f"{api}.CONSUMER.MSG.NEXT.{stream}.{name}",
+            f"{api}.CONSUMER.DELETE.{stream}.{name}",
+        ]
+    return tuple(grants)
 
 
-def _consuming(stream: str) -> tuple[str, ...]:
-    """A service's durable pull consumer: create it (idempotent), pull, ack; the stream's
-    idempotent create (a different configuration is refused by the server)."""
+def _consuming(stream: str, base: str) -> tuple[str, ...]:
+    """A service's own durable pull consumers (``durable_names(base)``, and no other): create,
+    info, pull, ack; and the stream's idempotent create (a different configuration is
+    refused by the server)."""
     api = "$JS.API"
-    return (
-        f"{api}.STREAM.CREATE.{stream}",
-        f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
-        f"$JS.ACK.{stream}.>",
-    )
+    grants = [f"{api}.STREAM.CREATE.{stream}"]
+    for durable in durable_names(base):
+        grants += [
+            f"{api}.CONSUMER.CREATE.{stream}.{durable}",
+            f"{api}.CONSUMER.CREATE.{stream}.{durable}.>",
+            f"{api}.CONSUMER.INFO.{stream}.{durable}",
+            f"{api}.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.>",
+        ]
+    return tuple(grants)
 
 
 def writer_user(
@@ -140,12 +152,12 @@ def writer_user(
         raise ValueError("a node-executor user is for one node: name it")
     if writer != NODE_EXECUTOR and node is not None:
         raise ValueError(f"the {writer} user appends for every node, not one")
-    name = writer if node is None else f"{NODE_EXECUTOR}-{node_token(node)}"
+    name = durable_base(writer, node)
     own = writer_subject_filter(writer, node, prefix=prefix)
     return User(
         name=name,
         permissions=Permissions(
-            publish=(own, *_reading(stream), *_consuming(stream)),
+            publish=(own, *_reading(stream, name), *_consuming(stream, name)),
             subscribe=("_INBOX.>",),
         ),
     )
@@ -155,7 +167,7 @@ def reader_user(*, stream: str = DEFAULT_STREAM) -> User:
     """The console's and ``gpupool log``/``verify``'s user: reads the stream, appends nothing."""
     return User(
         name=READER,
-        permissions=Permissions(publish=_reading(stream), subscribe=("_INBOX.>",)),
+        permissions=Permissions(publish=_reading(stream, READER), subscribe=("_INBOX.>",)),
     )
 
 
@@ -186,7 +198,7 @@ def operator_user(*, stream: str = DEFAULT_STREAM) -> User:
         name=OPERATOR,
         permissions=Permissions(
             publish=(
-                *_reading(stream),
+                *_reading(stream, OPERATOR),
                 f"{api}.CONSUMER.LIST.{stream}",
                 f"{api}.CONSUMER.NAMES.{stream}",
                 f"{api}.STREAM.PURGE.{stream}",

@@ -35,6 +35,8 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import api
 
 from gpupool.eventlog.credentials import connect_options
+from gpupool.eventlog.durables import CLAIMANT, SLOT_INACTIVE_SECONDS, durable_names
+from gpupool.eventlog.named_replay import named_replay
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
     Delivery,
@@ -111,6 +113,12 @@ _RETRYABLE = (
 _LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
 
 
+CONSUMER_EXISTS = 10148
+"""JetStream's error code for a ``create`` of a consumer that exists."""
+
+CLAIM_RETRY_S = 5.0
+"""How often a replica that found every durable slot claimed looks again."""
+
 DURABLE_INACTIVE_SECONDS = 24 * 3600.0
 """A durable consumer nobody has pulled from for this long is removed by the server: replicas
 are named after their pods, which change on every rollout. A service that comes back later
@@ -128,9 +136,17 @@ class JetStreamEventLog:
         subject_prefix: str,
         ack_wait: float,
         writer: str = DEFAULT_WRITER,
+        claimant: str | None = None,
+        consumer_base: str | None = None,
     ) -> None:
         self._nc = nc
+        self.consumer_base = consumer_base
+        """The NATS user this log connects as (``durable_base``), when it reads through its
+        own replay consumers (:mod:`gpupool.eventlog.named_replay`); None: ordered consumers."""
         self.writer = writer_token(writer)
+        self.claimant = claimant
+        """When set (a service's instance), ``subscribe(durable=base)`` claims one of the
+        durables ``durable_names(base)`` for it (:mod:`gpupool.eventlog.durables`)."""
         self._js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
         self.stream = stream
         self.subject_prefix = subject_prefix
@@ -154,13 +170,19 @@ class JetStreamEventLog:
         credentials: Path | None = None,
         tls_ca: Path | None = None,
         limits: StreamLimits | None = None,
+        claimant: str | None = None,
+        consumer_base: str | None = None,
     ) -> JetStreamEventLog:
         """Connect (retrying for up to ``connect_timeout``) and create the stream if needed.
 
         Every entry this log appends goes on ``<prefix>.<node>.<writer>``. ``credentials``
         (an nkey seed or ``.creds`` file) and ``tls_ca`` are for an authenticated server
         (:func:`gpupool.eventlog.credentials.connect_options`); without them, none. A stream
-        it creates has ``limits`` (default: :meth:`StreamLimits.from_environment`)."""
+        it creates has ``limits`` (default: :meth:`StreamLimits.from_environment`).
+        ``claimant``: this replica's name; its subscriptions claim a durable slot
+        (:mod:`gpupool.eventlog.durables`) instead of using the durable's name as is.
+        ``consumer_base``: the NATS user's name, on a server with permissions: replays read
+        through the user's own replay consumers (:mod:`gpupool.eventlog.named_replay`)."""
         events = _ConnectionEvents(url)
         nc = await _connect(
             url,
@@ -170,7 +192,13 @@ class JetStreamEventLog:
             options=connect_options(credentials, tls_ca),
         )
         log = cls(
-            nc, stream=stream, subject_prefix=subject_prefix, ack_wait=ack_wait, writer=writer
+            nc,
+            stream=stream,
+            subject_prefix=subject_prefix,
+            ack_wait=ack_wait,
+            writer=writer,
+            claimant=claimant,
+            consumer_base=consumer_base,
         )
         events.log = log
         try:
@@ -436,6 +464,19 @@ class JetStreamEventLog:
         async def on_msg(msg: Msg) -> None:
             await buffer.put(msg)
 
+        if self.consumer_base is not None:  # an authenticated service: its own replay slots
+            async for pulled in named_replay(
+                self._nc,
+                stream=self.stream,
+                base=self.consumer_base,
+                subject_filter=subject_filter,
+                start=start,
+                until=end,
+            ):
+                seq = _stream_seq(pulled)
+                for entry in read_entries(seq, pulled.subject, pulled.data):
+                    yield entry
+            return
         subscription = await self._js.subscribe(
             subject_filter,
             stream=self.stream,
@@ -490,53 +531,113 @@ class JetStreamEventLog:
                 await asyncio.sleep(0.2 * attempt)  # a back-off between attempts
         raise AssertionError("unreachable")
 
-    async def _ensure_consumer(self, durable: str, subject_filter: str, from_seq: int) -> None:
-        """The durable, created at ``from_seq``; recreated there if it acknowledged less.
+    async def _ensure_consumer(self, durable: str, subject_filter: str, from_seq: int) -> int:
+        """The durable, created at ``from_seq`` if it is new; returns the sequence below
+        which its deliveries are to be skipped (acked unseen; 0: none).
 
-        A service folds the log before it subscribes; a durable that lags behind
-        that (a rebuild from zero, a snapshot newer than the acks) would hand it
-        every folded entry a second time.
+        A service folds the log before it subscribes; a durable that lags behind that
+        (a rebuild from zero, a snapshot newer than the acks) would hand it every
+        folded entry a second time. It is kept — no credential may delete a consumer —
+        and what it delivers below ``from_seq`` is acknowledged and passed over.
         """
         try:
             info = await self._consumer_info(durable)
         except nats.js.errors.NotFoundError:
-            pass
-        else:
-            if info.config.filter_subject != subject_filter:
-                raise ValueError(
-                    f"durable {durable!r} exists with filter {info.config.filter_subject!r}, "
-                    f"not {subject_filter!r}"
-                )
-            acked = info.ack_floor.stream_seq if info.ack_floor is not None else 0
-            if (acked or 0) + 1 >= from_seq:
-                return
-            logger.info(
-                "durable %s acknowledged up to %d, its subscriber folded up to %d: "
-                "starting it again after that",
-                durable,
-                acked or 0,
-                from_seq - 1,
+            await self._create_consumer(durable, subject_filter, from_seq)
+            return 0
+        return self._resumed(durable, info, subject_filter, from_seq)
+
+    def _resumed(
+        self, durable: str, info: api.ConsumerInfo, subject_filter: str, from_seq: int
+    ) -> int:
+        if info.config.filter_subject != subject_filter:
+            raise ValueError(
+                f"durable {durable!r} exists with filter {info.config.filter_subject!r}, "
+                f"not {subject_filter!r}"
             )
-            await self._js.delete_consumer(self.stream, durable)
-        start = max(from_seq, 1)
-        await self._js.add_consumer(
-            self.stream,
-            api.ConsumerConfig(
-                name=durable,
-                durable_name=durable,
-                description="gpupool event-log subscriber",
-                filter_subject=subject_filter,
-                deliver_policy=api.DeliverPolicy.ALL
-                if start == 1
-                else api.DeliverPolicy.BY_START_SEQUENCE,
-                opt_start_seq=None if start == 1 else start,
-                ack_policy=api.AckPolicy.EXPLICIT,
-                ack_wait=self.ack_wait,
-                max_deliver=MAX_DELIVER,
-                replay_policy=api.ReplayPolicy.INSTANT,
-                inactive_threshold=DURABLE_INACTIVE_SECONDS,
-            ),
+        acked = (info.ack_floor.stream_seq if info.ack_floor is not None else 0) or 0
+        if acked + 1 >= from_seq:
+            return 0
+        logger.info(
+            "durable %s acknowledged up to %d, its subscriber folded up to %d: "
+            "passing over the entries in between",
+            durable,
+            acked,
+            from_seq - 1,
         )
+        return from_seq
+
+    async def _claim_durable(
+        self, base: str, claimant: str, subject_filter: str, from_seq: int
+    ) -> tuple[str, int]:
+        """One of ``durable_names(base)`` for ``claimant``: the one it claimed before (resumed),
+        else the first free one, created with the ``create`` action (the server refuses it
+        if another replica created it first). Returns (its name, skip below)."""
+        names = durable_names(base)
+        give_up_at = asyncio.get_running_loop().time() + SLOT_INACTIVE_SECONDS + 60
+        while True:
+            free: list[str] = []
+            for name in names:
+                try:
+                    info = await self._consumer_info(name)
+                except nats.js.errors.NotFoundError:
+                    free.append(name)
+                    continue
+                if (info.config.metadata or {}).get(CLAIMANT) == claimant:
+                    return name, self._resumed(name, info, subject_filter, from_seq)
+            for name in free:
+                try:
+                    await self._create_consumer(name, subject_filter, from_seq, claimant=claimant)
+                except nats.js.errors.APIError as error:
+                    if error.err_code != CONSUMER_EXISTS:
+                        raise
+                    continue  # another replica claimed it in between
+                logger.info("durable %s claimed by %s", name, claimant)
+                return name, 0
+            if asyncio.get_running_loop().time() > give_up_at:
+                raise EventLogClosed(
+                    f"every durable of {base} ({names[0]} … {names[-1]}) is claimed by "
+                    "another replica"
+                )
+            logger.warning(
+                "every durable of %s is claimed; waiting for one to expire (%.0f s unused)",
+                base,
+                SLOT_INACTIVE_SECONDS,
+            )
+            await asyncio.sleep(CLAIM_RETRY_S)  # the server announces no expiry to us
+
+    async def _create_consumer(
+        self, durable: str, subject_filter: str, from_seq: int, *, claimant: str | None = None
+    ) -> None:
+        """Create the durable (JetStream action ``create``: refused if it exists)."""
+        start = max(from_seq, 1)
+        config = api.ConsumerConfig(
+            name=durable,
+            durable_name=durable,
+            description="gpupool event-log subscriber",
+            filter_subject=subject_filter,
+            deliver_policy=api.DeliverPolicy.ALL
+            if start == 1
+            else api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=None if start == 1 else start,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=MAX_DELIVER,
+            replay_policy=api.ReplayPolicy.INSTANT,
+            inactive_threshold=SLOT_INACTIVE_SECONDS
+            if claimant is not None
+            else DURABLE_INACTIVE_SECONDS,
+            metadata=None if claimant is None else {CLAIMANT: claimant},
+        )
+        request = {"stream_name": self.stream, "config": config.as_dict(), "action": "create"}
+        reply = await self._nc.request(
+            f"{api.DEFAULT_PREFIX}.CONSUMER.CREATE.{self.stream}.{durable}.{subject_filter}",
+            json.dumps(request).encode(),
+            timeout=REQUEST_TIMEOUT_S,
+        )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            nats.js.errors.APIError.from_error(answer["error"])  # raises
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -618,6 +719,8 @@ class JetStreamSubscription:
         self.durable = durable
         self.subject_filter = subject_filter
         self.from_seq = from_seq
+        self._skip_below = 0
+        """Deliveries below this sequence were folded before: acked, not handed out."""
         self._inbox: asyncio.Queue[Msg | str | None] = asyncio.Queue()
         self._inbox_subject = ""
         self._nats_subscription: NatsSubscription | None = None
@@ -638,6 +741,7 @@ class JetStreamSubscription:
                 isinstance(msg, Msg)
                 and msg.reply
                 and not (msg.headers and msg.headers.get("Status") is not None)
+                and _stream_seq(msg) >= self._skip_below
             ):
                 taken.append(self._deliver(msg))
             else:
@@ -662,7 +766,14 @@ class JetStreamSubscription:
         await self.aclose()
 
     async def _start(self) -> None:
-        await self._log._ensure_consumer(self.durable, self.subject_filter, self.from_seq)
+        if self._log.claimant is not None:
+            self.durable, self._skip_below = await self._log._claim_durable(
+                self.durable, self._log.claimant, self.subject_filter, self.from_seq
+            )
+        else:
+            self._skip_below = await self._log._ensure_consumer(
+                self.durable, self.subject_filter, self.from_seq
+            )
         self._inbox_subject = self._log._nc.new_inbox()
         self._nats_subscription = await self._log._nc.subscribe(
             self._inbox_subject, cb=self._on_msg
@@ -713,6 +824,10 @@ class JetStreamSubscription:
             assert isinstance(msg, Msg)
             status = msg.headers.get("Status") if msg.headers else None
             if status is None and msg.reply:
+                if _stream_seq(msg) < self._skip_below:  # folded before this subscriber began
+                    self._requested -= 1
+                    await msg.ack()
+                    continue
                 return self._deliver(msg)
             if status == "100":
                 continue  # idle heartbeat

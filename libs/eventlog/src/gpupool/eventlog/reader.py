@@ -1,10 +1,11 @@
 """Reading the JetStream log without any right to change it: for the audit commands and the console.
 
 :class:`ReadOnlyLog` never creates the stream, never creates a durable consumer and
-never publishes. It reads with *ordered consumers* (ephemeral, flow-controlled, the
-server pushes each entry as it is appended), so a NATS user that may only look at
-the stream and create an ephemeral consumer on it is enough (docs/console.md lists
-the permissions). :meth:`ReadOnlyLog.entries` reads up to a sequence, or follows the
+never publishes. Without a credential it reads with *ordered consumers* (ephemeral,
+flow-controlled, the server pushes each entry as it is appended); with one (the
+``reader`` user) through the reader's own replay consumers
+(:mod:`gpupool.eventlog.named_replay`), since no credential may use the nameless
+consumer create that ordered consumers need. :meth:`ReadOnlyLog.entries` reads up to a sequence, or follows the
 log for as long as it is iterated: no polling.
 """
 
@@ -16,12 +17,14 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import urlsplit
 
 import msgspec
 import nats
 from nats.js import api
 
-from gpupool.eventlog.credentials import connect_options
+from gpupool.eventlog.credentials import READER, connect_options
+from gpupool.eventlog.named_replay import named_replay
 from gpupool.eventlog.port import Entry, read_entries
 from gpupool.eventlog.subjects import DEFAULT_SUBJECT_PREFIX
 
@@ -45,8 +48,12 @@ class RawMessage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ReadOnlyLog:
-    def __init__(self, nc: Any, *, stream: str, subject_prefix: str) -> None:
+    def __init__(
+        self, nc: Any, *, stream: str, subject_prefix: str, consumer_base: str | None = None
+    ) -> None:
         self._nc = nc
+        self.consumer_base = consumer_base
+        """With a credential: the user whose own replay consumers it reads through."""
         self._js = nc.jetstream()
         self.stream = stream
         self.subject_prefix = subject_prefix
@@ -62,7 +69,10 @@ class ReadOnlyLog:
         tls_ca: Path | None = None,
         name: str = "gpupool-reader",
         connect_timeout: float = 10.0,
+        user: str = READER,
     ) -> Self:
+        """``user``: the NATS user the credential is of (its own replay consumers are read
+        through when the server has permissions)."""
         options: dict[str, Any] = {"name": name, "max_reconnect_attempts": -1}
         options.update(connect_options(credentials, tls_ca))
         try:
@@ -72,7 +82,13 @@ class ReadOnlyLog:
             raise ConnectionError(
                 f"no NATS server answered at {url} within {connect_timeout}s"
             ) from exc
-        return cls(nc, stream=stream, subject_prefix=subject_prefix)
+        return cls(
+            nc,
+            stream=stream,
+            subject_prefix=subject_prefix,
+            # authenticated (a credential, or a user in the URL): the reader's own consumers
+            consumer_base=None if credentials is None and urlsplit(url).username is None else user,
+        )
 
     async def last_seq(self) -> int:
         try:
@@ -110,6 +126,23 @@ class ReadOnlyLog:
         the server: the caller checks ``seq`` if it needs them contiguous."""
         start = max(from_seq, 1)
         if until_seq is not None and until_seq < start:
+            return
+        if self.consumer_base is not None:  # an authenticated reader: its own replay slots
+            async for msg in named_replay(
+                self._nc,
+                stream=self.stream,
+                base=self.consumer_base,
+                subject_filter=f"{self.subject_prefix}.>",
+                start=start,
+                until=until_seq,
+            ):
+                yield RawMessage(
+                    seq=int(msg.metadata.sequence.stream),
+                    subject=msg.subject,
+                    data=bytes(msg.data),
+                    headers=dict(msg.headers or {}),
+                    time=msg.metadata.timestamp,
+                )
             return
         buffer: asyncio.Queue[Any] = asyncio.Queue(maxsize=BUFFER)
 

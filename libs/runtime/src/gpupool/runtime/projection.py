@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from gpupool.core import State, evolve
 from gpupool.core.admission_check import EnvelopeIds, admission_problem
+from gpupool.core.producers import producer_problem
 from gpupool.events import Envelope, event_node
 from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
@@ -101,9 +102,9 @@ class Projection:
         """
         if self.applied(seq, index):
             return False
-        problem = admission_problem(
+        problem = producer_problem(envelope.event, writer) or admission_problem(
             self.state, envelope, self.envelope_ids
-        )  # believed if admissible
+        )  # believed if its writer produces such events and it is admissible
         if problem is not None:
             self.refused.append(Refused(seq=seq, envelope=envelope, reason=problem))
         else:

@@ -24,9 +24,9 @@ import msgspec
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gpupool.eventlog.durables import durable_base
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
-from gpupool.eventlog.subjects import node_token
 from gpupool.events import NODELESS
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.http import HttpEndpoint
@@ -101,7 +101,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) 
     parser.add_argument(
         "--instance",
         default=env("GPUPOOL_INSTANCE", socket.gethostname()),
-        help="this replica's name: its durable consumer is <service>-<instance>",
+        help="this replica's name (unique among the service's replicas): it claims one of "
+        "the service's durable consumers under it, and resumes it after a restart",
     )
     parser.add_argument(
         "--snapshot-dir",
@@ -187,20 +188,19 @@ async def run_service(
             writer=service.name,
             credentials=options.nats_credentials,
             tls_ca=options.nats_ca,
+            claimant=options.instance,
+            # with credentials: read only through the user's own consumers (no other's)
+            consumer_base=None
+            if options.nats_credentials is None
+            else durable_base(service.name, getattr(service, "node", None)),
         )
         stack.push_async_callback(event_log.close)
-        durable = f"{service.name}-{options.instance}"
-        if partition is not None:  # its own durable: one filtered on the node's subjects
-            durable += f"-{node_token(partition)}"
         snapshots: FileSnapshotStore | None = None
         if options.snapshot_dir is not None:
             options.snapshot_dir.mkdir(parents=True, exist_ok=True)
-            # named as its durable, which `gpupool log purge --snapshot-dir` matches it to
-            path = options.snapshot_dir / f"{durable}.snapshot"
-            earlier = options.snapshot_dir / f"{service.name}-{options.instance}.snapshot"
-            if partition is not None and not path.exists() and earlier.exists():
-                earlier.rename(path)  # the name a partitioned service's snapshot had before
-            snapshots = FileSnapshotStore(path)
+            snapshots = FileSnapshotStore(
+                options.snapshot_dir / f"{service.name}-{options.instance}.snapshot"
+            )
             projection, why = await load_projection(snapshots, empty=projection_factory)
             log.info("%s: %s", service.name, why)
             end = await event_log.last_seq()
@@ -233,7 +233,7 @@ async def run_service(
             where = (
                 str(snapshots.path)
                 if snapshots is not None
-                else f"<snapshot-dir>/{durable}.snapshot (and set --snapshot-dir)"
+                else "<snapshot-dir>/<service>-<instance>.snapshot (and set --snapshot-dir)"
             )
             raise LogPurgedPastSnapshot(
                 f"{service.name}: the log starts at sequence {first} (entries before it were "
@@ -272,7 +272,8 @@ async def run_service(
         await service.start(loop, stack)
         consumer = asyncio.create_task(
             loop.consume(
-                durable,
+                # one of the user's durables <user>-0 … -7, claimed for this instance
+                durable_base(service.name, getattr(service, "node", None)),
                 service.react,
                 react_batch=getattr(service, "react_batch", None),
             )

@@ -19,10 +19,12 @@ from gpupool.cli.times import format_duration
 from gpupool.core import NodeState, PodState, State, gpu_usage, queue_positions, ready_queue
 from gpupool.core.admission_check import REPLAYED
 from gpupool.core.placement import allocated_requests, fits, reservation_gpu
+from gpupool.core.producers import UNKNOWN_PRODUCER, WRONG_PRODUCER, producer_problem
 from gpupool.core.state import GPU_PERCENT
 from gpupool.core.verification import RULES as LIVENESS_RULES
 from gpupool.core.verification import check_liveness_and_optimality
 from gpupool.eventlog.port import Entry, StoredEvent, Undecodable
+from gpupool.eventlog.subjects import writer_of_subject
 from gpupool.events import (
     Assigned,
     Envelope,
@@ -322,12 +324,16 @@ def verify(entries: Sequence[Entry]) -> VerifyReport:
             report.set_aside.append(SetAside(seq=entry.seq, reason=entry.error))
             verifier.projection.skip(entry.seq, None)
             continue
-        verifier.check(entry)
-        verifier.projection.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
+        writer = writer_of_subject(entry.subject)
+        if producer_problem(entry.envelope.event, writer) is None:
+            verifier.check(entry)  # (an event from the wrong writer is a violation below)
+        verifier.projection.apply(
+            entry.seq, entry.envelope, index=entry.index, last=entry.last, writer=writer
+        )
         for refused in verifier.projection.take_refused():
             report.set_aside.append(SetAside(seq=refused.seq, reason=refused.reason))
             # the other refusals (admission_check) break an invariant checked above already
-            if refused.reason.startswith(REPLAYED):
+            if refused.reason.startswith((REPLAYED, UNKNOWN_PRODUCER, WRONG_PRODUCER)):
                 pod = event_pod(refused.envelope.event)
                 verifier.violation(entry, "" if pod is None else str(pod), refused.reason)
         if isinstance(entry.envelope.event, PodRegistered):
@@ -343,7 +349,7 @@ def verify(entries: Sequence[Entry]) -> VerifyReport:
             pod=finding.pod,
             message=finding.message,
         )
-        for finding in check_liveness_and_optimality(decision_entries(stored_events(entries)))
+        for finding in check_liveness_and_optimality(decision_entries(believed(entries)))
     )
     report.violations.sort(key=lambda violation: violation.seq)
     return report
@@ -351,6 +357,15 @@ def verify(entries: Sequence[Entry]) -> VerifyReport:
 
 def stored_events(entries: Iterable[Entry]) -> list[StoredEvent]:
     return [entry for entry in entries if isinstance(entry, StoredEvent)]
+
+
+def believed(entries: Iterable[Entry]) -> list[StoredEvent]:
+    """The stored events whose writer produces such events (the others are set aside)."""
+    return [
+        entry
+        for entry in stored_events(entries)
+        if producer_problem(entry.envelope.event, writer_of_subject(entry.subject)) is None
+    ]
 
 
 def decision_entries(events: Iterable[StoredEvent]) -> Iterator[tuple[int, list[Envelope]]]:

@@ -461,9 +461,11 @@ class ProcessSupervisor:
         if credentials is not None:
             shim_options += credentials.shim_options()
         elif run_as is not None and (run_as != (os.getuid(), os.getgid()) or namespaces_of):
-            if namespaces_of is None:
+            if namespaces_of is None and not (os.geteuid() == 0 and self.records_dir is not None):
                 identity = {"user": run_as[0], "group": run_as[1], "extra_groups": []}
             else:
+                # the shim runs as the executor and drops to the caller for the command only:
+                # the executor's interpreter may lie where the caller cannot read (/root)
                 shim_options += CallerCredentials(uid=run_as[0], gid=run_as[1]).shim_options()
         if namespaces_of is not None:
             shim_options += ["--enter", str(namespaces_of), "--cwd", cwd]

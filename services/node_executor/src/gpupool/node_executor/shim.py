@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,43 @@ def drop_privileges(credentials: Credentials) -> None:
         os.setresuid(credentials.uid, credentials.uid, credentials.uid)
 
 
+def unreachable_for(program: str, credentials: Credentials) -> str | None:
+    """Why ``credentials`` cannot run ``program`` (as found on PATH): the first directory on
+    the way to it (links resolved) they may not search, or the file they may not execute."""
+    found = shutil.which(program) if os.sep not in program else program
+    if found is None:
+        return None
+    target = os.path.realpath(found)
+    via = f"{found} is {target}, and " if target != found else ""
+    parts = Path(target).parts
+    for depth in range(1, len(parts) + 1):
+        path = str(Path(*parts[:depth]))
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        last = depth == len(parts)
+        if not _may(info, credentials, 0o1):
+            what = "execute" if last else "search"
+            return (
+                f"permission denied: {via}uid {credentials.uid} may not {what} {path} "
+                f"(mode {info.st_mode & 0o777:o}, owner {info.st_uid}:{info.st_gid}); "
+                "the command runs as the caller, so it must lie where the caller can reach it"
+            )
+    return None
+
+
+def _may(info: os.stat_result, credentials: Credentials, bit: int) -> bool:
+    """Whether the caller's uid, gid and groups have ``bit`` (1: x) on a file or directory."""
+    if credentials.uid == 0:
+        return True
+    if info.st_uid == credentials.uid:
+        return bool(info.st_mode >> 6 & bit)
+    if info.st_gid == credentials.gid or info.st_gid in credentials.groups:
+        return bool(info.st_mode >> 3 & bit)
+    return bool(info.st_mode & bit)
+
+
 def _own_permitted() -> int:
     try:
         with open("/proc/self/status") as status:
@@ -192,7 +230,10 @@ def main(argv: list[str]) -> int:
         child = subprocess.Popen(command, preexec_fn=prepare)  # the shim has one thread
     except (OSError, subprocess.SubprocessError) as error:
         code = 127 if isinstance(error, FileNotFoundError) else 126
-        print(f"gpupool: cannot start {command[0]!r}: {error}", file=sys.stderr)
+        why = str(error)
+        if isinstance(error, PermissionError) and credentials is not None:
+            why = unreachable_for(command[0], credentials) or why
+        print(f"gpupool: cannot start {command[0]!r}: {why}", file=sys.stderr)
         write_status(status, code)
         return code
     for fd, _kind in namespace_fds:

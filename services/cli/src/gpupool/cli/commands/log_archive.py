@@ -105,6 +105,7 @@ async def _connect(args: argparse.Namespace) -> StreamOperator:
     import os
 
     from gpupool.eventlog.archive import StreamOperator
+    from gpupool.eventlog.credentials import OPERATOR
     from gpupool.eventlog.reader import StreamMissing
 
     url = args.nats
@@ -126,6 +127,7 @@ async def _connect(args: argparse.Namespace) -> StreamOperator:
             credentials=credentials,
             tls_ca=ca,
             name="gpupool-operator",
+            user=OPERATOR,
         )
     except (ConnectionError, OSError, TimeoutError, ValueError) as exc:
         raise CommandFailed(f"{url}: cannot connect: {exc}") from exc
