@@ -219,7 +219,7 @@ def template_for(doc: Doc, defaults: dict[str, Any]) -> tuple[str, str]:
                     container["env"].append(template.item(NATS_URL_FROM_SECRET))
                 else:
                     container["env"] = template.keyed(NATS_ENV_FROM_SECRET)
-        if kind == "Deployment" or kind == "DaemonSet":
+        if kind == "DaemonSet" or (name in REPLICA_KEYS and name != "gpupool-nats"):
             key = "nodeExecutor" if kind == "DaemonSet" else REPLICA_KEYS[name]
             for field in ("nodeSelector", "affinity", "tolerations"):
                 defaults[key][field] = copy.deepcopy(

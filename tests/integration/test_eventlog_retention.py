@@ -6,10 +6,12 @@ back after a purge from its snapshot (or the archive's checkpoint) with the same
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import msgspec
@@ -21,15 +23,16 @@ from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.cli.main import main
 from gpupool.core import RemovePod
 from gpupool.core.simulation import Scenario, simulate
-from gpupool.eventlog import JetStreamEventLog
+from gpupool.eventlog import JetStreamEventLog, jetstream
 from gpupool.eventlog.archive import Archive, StreamOperator, checkpoint_name, segment_name
 from gpupool.eventlog.nats_server import run_nats_server
+from gpupool.eventlog.port import StoredEvent
 from gpupool.eventlog.reader import ReadOnlyLog
-from gpupool.events import Envelope, event_node
+from gpupool.events import Envelope, PodRef, PodRegistered, event_node
 from gpupool.runtime.decider import DeciderLoop
-from gpupool.runtime.projection import metrics_projection
+from gpupool.runtime.projection import Projection, metrics_projection
 from gpupool.runtime.service import LogPurgedPastSnapshot, ServiceOptions, run_service
-from gpupool.runtime.snapshot import decode_snapshot
+from gpupool.runtime.snapshot import decode_snapshot, encode_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -315,3 +318,215 @@ async def test_a_service_restarts_after_a_purge_from_its_snapshot_with_the_same_
         await run_until_rebuilt(fresh, service_logs)
         replica = decode_snapshot((snapshots / "admission-queue-u.snapshot").read_bytes())
         assert replica.last_seq == cut and replica.state == saved.state
+
+
+class PartitionRecorder:
+    """A partitioned service that records what it is handed (the node-executor's place)."""
+
+    name = "node-executor"
+
+    def __init__(self) -> None:
+        self.loop: DeciderLoop | None = None
+        self.handed: list[StoredEvent] = []
+        self.new = asyncio.Event()
+
+    async def start(self, loop: DeciderLoop, stack: AsyncExitStack) -> None:
+        self.loop = loop
+
+    async def react(self, entry: StoredEvent) -> None:
+        self.handed.append(entry)
+        self.new.set()
+
+
+def other_node_log(node: str) -> list[Envelope]:
+    """The preemption scenario's traffic on ``node`` (ids of its own)."""
+    scenario = msgspec.convert(
+        yaml.safe_load((ROOT / "scenarios" / "preemption-priority.yaml").read_text()), Scenario
+    )
+    scenario = msgspec.structs.replace(
+        scenario,
+        nodes=[msgspec.structs.replace(n, name=node) for n in scenario.nodes],
+        pods=[msgspec.structs.replace(p, node=node) for p in scenario.pods],
+        timeline=[
+            msgspec.structs.replace(a, node=node) if a.node is not None else a
+            for a in scenario.timeline
+        ],
+    )
+    return [msgspec.structs.replace(e, id=f"other-{e.id}") for e in simulate(scenario)]
+
+
+async def test_a_partitioned_executor_starts_after_a_purge_from_the_whole_cluster_checkpoint(
+    tmp_path: Path, service_logs: list[str]
+) -> None:
+    node = event_node(ENVELOPES[0].event)
+    other = "gpu-other.example"
+    cluster = sorted([*ENVELOPES, *other_node_log(other)], key=lambda e: e.time)
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    async with run_nats_server(tmp_path / "nats") as url:
+        log = await JetStreamEventLog.connect(url)
+        try:
+            await log.append_many(cluster)
+            cut = await log.last_seq()
+            where = ["--nats", url]
+            archive = Path(tmp_path / "archive")
+            assert await cli("log", "archive", *where, "--to", str(archive)) == 0
+            assert (
+                await cli("log", "purge", *where, "--archive", str(archive), "--up-to", str(cut))
+                == 0
+            )
+            checkpoint = decode_snapshot((archive / checkpoint_name(cut)).read_bytes())
+            whole = Projection.from_snapshot(checkpoint)
+            assert set(whole.state.nodes) == {node, other}  # a whole-cluster fold
+            shutil.copy(
+                archive / checkpoint_name(cut),
+                snapshots / "node-executor-t.snapshot",
+            )
+
+            options = ServiceOptions(
+                nats_url=url,
+                http_host="127.0.0.1",
+                http_port=0,
+                stream="GPUPOOL",
+                instance="t",
+                snapshot_dir=snapshots,
+            )
+            service = PartitionRecorder()
+            stop = asyncio.Event()
+            running = asyncio.create_task(run_service(service, options, stop, partition=node))
+            try:
+                async with asyncio.timeout(30):
+                    while not any("rebuilt from" in line for line in service_logs):
+                        done, _ = await asyncio.wait({running}, timeout=0.05)
+                        if done:
+                            await running  # it failed (before: LogPurgedPastSnapshot)
+                assert service.loop is not None
+                projection = service.loop.projection
+                assert projection.last_seq == cut
+                assert set(projection.state.nodes) == {node}
+                assert {ref for ref in projection.state.pods} == {
+                    ref for ref, pod in whole.state.pods.items() if pod.node == node
+                }
+                for ref, pod in projection.state.pods.items():
+                    assert pod == whole.state.pods[ref]  # each of its pods as it was
+                assert projection.state.nodes[node] == whole.state.nodes[node]
+
+                # it goes on with its node's new entries, and is handed none of the other's
+                first = next(e for e in ENVELOPES if isinstance(e.event, PodRegistered))
+                late = msgspec.structs.replace(
+                    first, id="late-registration", time=ENVELOPES[-1].time
+                )
+                registered = msgspec.structs.replace(
+                    late,
+                    event=msgspec.structs.replace(
+                        late.event, pod=PodRef(namespace="default", name="late")
+                    ),
+                )
+                elsewhere = msgspec.structs.replace(other_node_log(other)[0], id="late-other")
+                await log.append(elsewhere)  # an entry of the other node, before its own
+                seq = await log.append(registered)
+                async with asyncio.timeout(30):
+                    while not any(e.seq == seq for e in service.handed):
+                        service.new.clear()
+                        await service.new.wait()
+                assert {event_node(e.envelope.event) for e in service.handed} == {node}
+                assert PodRef(namespace="default", name="late") in projection.state.pods
+            finally:
+                stop.set()
+                async with asyncio.timeout(30):
+                    await asyncio.gather(running, return_exceptions=True)
+            await running
+            saved = decode_snapshot((snapshots / "node-executor-t.snapshot").read_bytes())
+            resumed = Projection.from_snapshot(saved)
+            assert set(resumed.state.nodes) == {node} and resumed.last_seq == seq
+            # its snapshot is named as its durable: a purge past the cut finds it
+            assert await cli("log", "archive", *where, "--to", str(archive)) == 0
+            purge = ["log", "purge", *where, "--archive", str(archive), "--up-to", str(seq)]
+            assert await cli(*purge, "--snapshot-dir", str(snapshots)) == 0
+        finally:
+            await log.close()
+
+
+async def durables_of(nats_url: str, log: JetStreamEventLog) -> list[str]:
+    operator = await StreamOperator.connect(
+        nats_url, stream=log.stream, subject_prefix=log.subject_prefix
+    )
+    try:
+        return await operator.durables()
+    finally:
+        await operator.close()
+
+
+async def test_a_durable_nobody_pulls_from_expires_and_no_longer_holds_a_purge_back(
+    nats_url: str,
+    jetstream_log: JetStreamEventLog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A replica gone for good (scaled away, its node removed) leaves its durable slot behind;
+    the server deletes it after its ``inactive_threshold`` (SLOT_INACTIVE_SECONDS, 300 s;
+    2 s here), while the slot of a running replica, waiting on an empty log, stays."""
+    monkeypatch.setattr(jetstream, "SLOT_INACTIVE_SECONDS", 2.0)
+    await filled(jetstream_log)
+    cut = await jetstream_log.last_seq()
+    replicas = {
+        name: await JetStreamEventLog.connect(
+            nats_url,
+            stream=jetstream_log.stream,
+            subject_prefix=jetstream_log.subject_prefix,
+            claimant=name,
+        )
+        for name in ("running", "gone")
+    }
+    try:
+        # as run_service does: each replica claims a slot admission-queue-<n> as its own
+        running = replicas["running"].subscribe(durable="admission-queue")
+        gone = replicas["gone"].subscribe(durable="admission-queue")
+        for subscription in (running, gone):
+            async with asyncio.timeout(30):
+                seen = 0
+                while seen < cut:
+                    delivery = await anext(subscription)
+                    seen = delivery.entries[-1].seq
+                    await delivery.ack()
+        # both wait on the log's end (a pull request outstanding: activity for the server)
+        waiting = asyncio.create_task(anext(running))
+        waiting_too = asyncio.create_task(anext(gone))
+        infos = await jetstream_log._js.consumers_info(jetstream_log.stream)
+        assert {info.config.inactive_threshold for info in infos} == {2.0}
+        where = source(nats_url, jetstream_log)
+        archive = tmp_path / "archive"
+        assert await cli("log", "archive", *where, "--to", str(archive)) == 0
+        snapshot = tmp_path / "admission-queue-running.snapshot"
+        snapshot.write_bytes(encode_snapshot(Projection(last_seq=cut).to_snapshot()))
+        purge = ["log", "purge", *where, "--archive", str(archive), "--up-to", str(cut)]
+        assert await cli(*purge, "--snapshot", str(snapshot)) == 1
+        assert "no snapshot given for the durable consumer(s) admission-queue-gone" in (
+            capfd.readouterr().err
+        )
+        assert await durables_of(nats_url, jetstream_log) == [
+            "admission-queue-gone",
+            "admission-queue-running",
+        ]
+        waiting_too.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting_too
+        await gone.aclose()  # the replica that went away; `running` waits for more
+        await replicas.pop("gone").close()
+        try:
+            async with asyncio.timeout(30):
+                # polling the server's list: the server tells nobody it deleted a consumer
+                while "admission-queue-gone" in await durables_of(nats_url, jetstream_log):  # noqa: ASYNC110
+                    await asyncio.sleep(0.2)
+            assert await durables_of(nats_url, jetstream_log) == ["admission-queue-running"]
+            assert not waiting.done()  # its subscriber was never told anything
+            assert await cli(*purge, "--snapshot", str(snapshot)) == 0
+        finally:
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+            await running.aclose()
+    finally:
+        for log in replicas.values():
+            await log.close()

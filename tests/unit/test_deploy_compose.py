@@ -192,6 +192,28 @@ def test_real_gpu_node_executor_has_the_runtime_and_privileges_it_needs() -> Non
     assert "--simulate-gpus" not in executor["command"]
 
 
+@pytest.mark.parametrize(
+    "name", ["policy", "admission-queue", "preemption", "node-executor-simulated", "node-executor"]
+)
+def test_each_log_reading_service_keeps_its_snapshot_on_a_volume_of_its_own(name: str) -> None:
+    """Without a snapshot, every purge of the log is refused (docs/eventlog.md, "Retention")."""
+    document = yaml.safe_load(COMPOSE.read_text())
+    service = document["services"][name]
+    directory = Path(service["environment"]["GPUPOOL_SNAPSHOT_DIR"])
+    mounts = {target: source for source, target in (v.split(":")[:2] for v in service["volumes"])}
+    (mounted,) = [Path(t) for t in mounts if directory.is_relative_to(t)]
+    # the image's /var/lib/gpupool belongs to its user 10001 (a new named volume takes that
+    # over): the service makes the directory below it, under a read-only root filesystem
+    assert mounted == Path("/var/lib/gpupool")
+    source = mounts[str(mounted)]
+    if name != "node-executor":  # that one is the host's /var/lib/gpupool, as in Kubernetes
+        assert source in document["volumes"], name
+    named = [
+        v.split(":")[0] for other in document["services"].values() for v in other.get("volumes", [])
+    ]
+    assert named.count(source) == 1 or name.startswith("node-executor"), source  # not shared
+
+
 def prometheus_config() -> tuple[Path, dict[str, Any]]:
     prometheus = services()["prometheus"]
     (config_flag,) = [arg for arg in prometheus["command"] if arg.startswith("--config.file=")]

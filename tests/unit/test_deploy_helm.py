@@ -148,7 +148,11 @@ def test_every_rendered_manifest_passes_kubernetes_validate_strict(
 
 def test_production_values_scale_the_services_select_gpu_nodes_and_monitor() -> None:
     docs = render(PRODUCTION)
-    replicas = {d["metadata"]["name"]: d["spec"]["replicas"] for d in by_kind(docs, "Deployment")}
+    replicas = {
+        d["metadata"]["name"]: d["spec"]["replicas"]
+        for d in by_kind(docs, "Deployment") + by_kind(docs, "StatefulSet")
+        if d["metadata"]["name"] != "gpupool-nats"
+    }
     assert replicas == {"gpupool-policy": 2, "gpupool-admission-queue": 3,
                         "gpupool-preemption": 2, "gpupool-extender": 3}  # fmt: skip
     (executor,) = by_kind(docs, "DaemonSet")
@@ -167,7 +171,11 @@ def test_production_values_scale_the_services_select_gpu_nodes_and_monitor() -> 
 def test_an_existing_nats_replaces_the_bundled_one_and_its_url_comes_from_a_secret() -> None:
     docs = render(EXISTING_NATS)
     assert not [d for d in docs if d["metadata"]["name"].startswith("gpupool-nats")]
-    workloads = by_kind(docs, "Deployment") + by_kind(docs, "DaemonSet")
+    workloads = (
+        by_kind(docs, "Deployment") + by_kind(docs, "StatefulSet") + by_kind(docs, "DaemonSet")
+    )
+    assert {w["metadata"]["name"] for w in by_kind(docs, "StatefulSet")} == {
+        "gpupool-policy", "gpupool-admission-queue", "gpupool-preemption"}  # fmt: skip
     for workload in workloads:
         for container in containers(workload):
             (url,) = [e for e in container.get("env", []) if e["name"] == "GPUPOOL_NATS_URL"]
@@ -186,11 +194,14 @@ def test_images_by_digest_and_node_selection_come_from_the_values() -> None:
     docs = render(values)
     images = {
         c["image"]
-        for d in by_kind(docs, "Deployment") + by_kind(docs, "DaemonSet")
+        for d in by_kind(docs, "Deployment")
+        + by_kind(docs, "StatefulSet")
+        + by_kind(docs, "DaemonSet")
+        if d["metadata"]["name"] != "gpupool-nats"
         for c in containers(d)
     }
     assert images == {f"ghcr.io/gpupool/gpupool@{digest}"}
-    (nats,) = by_kind(docs, "StatefulSet")
+    (nats,) = [d for d in by_kind(docs, "StatefulSet") if d["metadata"]["name"] == "gpupool-nats"]
     assert {c["image"] for c in containers(nats)} == {"nats:2.12.1-alpine"}
     (executor,) = by_kind(docs, "DaemonSet")
     spec = executor["spec"]["template"]["spec"]

@@ -247,7 +247,7 @@ def schema_errors(doc: Doc, version: str) -> list[str]:
 
 
 def test_strict_validation_catches_unknown_and_mistyped_fields() -> None:
-    deployment = named(built("base"), "Deployment", "gpupool-policy")
+    deployment = named(built("base"), "StatefulSet", "gpupool-policy")
     assert schema_errors(deployment, OLDEST_KUBERNETES) == []
     unknown = json.loads(json.dumps(deployment))
     unknown["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGett"] = {}
@@ -474,7 +474,38 @@ def test_node_executor_has_exactly_the_privileges_it_needs(target: str) -> None:
         "/run/gpupool",
         "/var/lib/gpupool/cuda-hook",
         "/var/lib/gpupool/node-executor",
+        "/var/lib/gpupool/snapshots",  # its projection's snapshot (docs/eventlog.md)
     ]
+
+
+@pytest.mark.parametrize("target", SERVICE_TARGETS)
+def test_every_log_reading_replica_keeps_its_snapshot_on_a_volume_of_its_own(target: str) -> None:
+    """Without a snapshot per replica, every purge of the log is refused (docs/eventlog.md)."""
+    docs = built(target)
+    for app in ("policy", "admission-queue", "preemption"):
+        workload = workload_of(docs, app)
+        assert workload["kind"] == "StatefulSet", app  # a volume and a name per replica
+        (container,) = containers(workload)
+        env = env_of(container)
+        directory = env["GPUPOOL_SNAPSHOT_DIR"]["value"]
+        # its durable consumer and snapshot are <service>-<pod name>: stable across rollouts
+        assert env["GPUPOOL_INSTANCE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        claims = {c["metadata"]["name"] for c in workload["spec"]["volumeClaimTemplates"]}
+        assert mounts[directory] in claims, app
+        # writable by the non-root user under a read-only root filesystem
+        pod = pod_spec(workload)["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["fsGroup"] == pod["runAsGroup"], app
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    executor = workload_of(docs, "node-executor")
+    (container,) = containers(executor)
+    env = env_of(container)
+    directory = env["GPUPOOL_SNAPSHOT_DIR"]["value"]
+    assert env["GPUPOOL_INSTANCE"]["value"]  # one durable per node, whatever the pod's name
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(executor)["volumes"]}
+    assert volumes[mounts[directory]]["hostPath"]["path"] == directory
+    assert directory.startswith("/var/lib/gpupool/")
 
 
 def granted(docs: list[Doc], account: str) -> set[tuple[str, str, str]]:

@@ -30,6 +30,7 @@ from gpupool.eventlog.port import StoredEvent
 from gpupool.events import NODELESS
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.http import HttpEndpoint
+from gpupool.runtime.partition import restrict_to_node
 from gpupool.runtime.projection import Projection
 from gpupool.runtime.snapshot_store import (
     FileSnapshotStore,
@@ -213,15 +214,18 @@ async def run_service(
                 )
                 projection = projection_factory()
             elif partition is not None and (others := _other_nodes(projection, partition)):
-                log.warning(
-                    "%s: the snapshot holds other nodes than %s (%s); rebuilding %s's entries "
-                    "from the start of the log",
+                # a whole-log fold (an archive's checkpoint, a snapshot from before the
+                # partition): its node's part is what this reader would have folded
+                log.info(
+                    "%s: the snapshot holds other nodes than %s too (%s); keeping %s's part",
                     service.name,
                     partition,
                     ", ".join(sorted(others)[:3]),
                     partition,
                 )
-                projection = projection_factory()
+                restricted = restrict_to_node(projection, partition)
+                restricted.observers = projection.observers
+                projection = restricted
         else:
             projection = projection_factory()
         first = await event_log.first_seq()
