@@ -734,6 +734,35 @@ def test_each_service_pod_ensures_the_stream_before_it_starts() -> None:
         }
 
 
+@pytest.mark.parametrize(
+    "target",
+    ["base", "overlays/production", "overlays/dev", "overlays/production-prometheus-operator"],
+)
+def test_the_stream_admin_secret_reaches_only_the_ensure_stream_init_containers(
+    target: str,
+) -> None:
+    """stream-admin may update the stream's configuration, its limits included (which can
+    drop entries: docs/security.md, "Residual risks"): no long-running container mounts it,
+    nor any pod of a GPU node; only the ensure-stream step of the three control-plane pods."""
+    mounted_by: list[tuple[str, str, bool]] = []
+    for workload in workloads(built(target)):
+        spec = pod_spec(workload)
+        admin_volumes = {
+            volume["name"]
+            for volume in spec.get("volumes", [])
+            if volume.get("secret", {}).get("secretName") == "gpupool-nats-stream-admin"
+        }
+        for init, group in ((False, spec["containers"]), (True, spec.get("initContainers", []))):
+            for container in group:
+                if any(m["name"] in admin_volumes for m in container.get("volumeMounts", [])):
+                    mounted_by.append((workload["metadata"]["name"], container["name"], init))
+    assert sorted(mounted_by) == [
+        ("gpupool-admission-queue", "ensure-stream", True),
+        ("gpupool-policy", "ensure-stream", True),
+        ("gpupool-preemption", "ensure-stream", True),
+    ]
+
+
 # ------------------------------------------------------------------ overlays
 
 
