@@ -9,6 +9,13 @@ file and exit with a code chosen by the seed (0 or 3). Each pod runs its command
 again, one run at a time, while faults come every ~0.6 s (the seed picks the target among
 nats-server and the four services, and the pause).
 
+A fault counts only when it was real: the target's process was alive (in ``/proc``, not a
+zombie), received the SIGKILL, and is gone afterwards (a service's exit status is -SIGKILL;
+nats-server's pid is reaped). A draw whose target was down (still restarting) is skipped and
+drawn again, until ``FAULTS`` real faults and ``MIN_KILLS_PER_TARGET`` of each target (a
+target short of its quota is drawn first), within ``MAX_DRAWS`` draws and
+``CHAOS_DEADLINE_S``, else the test fails saying so.
+
 Checked afterwards:
 
 * every client's exit code is its command's (told its true outcome, no ``NothingToReattach``
@@ -16,7 +23,10 @@ Checked afterwards:
 * the log has, for every pod, exactly its runs' ends, in order, with their exit codes
   (``completed`` 0 / ``failed`` 3): nothing lost, nothing recorded twice;
 * ``gpupool verify`` passes on the whole log;
-* no process of the test (a command, a shim, a service) is left once it stopped.
+* no process the test started is left once it stopped: every one of them (nats-server, the
+  services, the clients, the shims, the commands) inherits ``MARKER`` in its environment, and
+  no live process may carry it at the end. While the stack runs, the same scan must find
+  nats-server and every service (so it is known to see them).
 
 It prints the counts: faults by target, runs, outcomes.
 """
@@ -37,16 +47,33 @@ from pathlib import Path
 import pytest
 
 from gpupool.cli.audit import verify
-from gpupool.cli.local_stack import SERVICES, StackSettings, free_port, local_stack
+from gpupool.cli.local_stack import (
+    SERVICES,
+    LocalStack,
+    ServiceProcess,
+    StackSettings,
+    free_port,
+    local_stack,
+)
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import Released
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+"""Above the suite's 120 s: a run that cannot reach its faults gives up (CHAOS_DEADLINE_S)
+and the drain is bounded (DRAIN_TIMEOUT_S), so the test's own message, not the timeout,
+says what failed. A run here takes 60-80 s."""
 
 SEED = 1212
 FAULTS = 50
+TARGETS = ("nats-server", *SERVICES)
+MIN_KILLS_PER_TARGET = 5
+MAX_DRAWS = 150
+CHAOS_DEADLINE_S = 100.0
+"""Draws, and seconds, allowed to reach FAULTS real faults and each target's quota (a run
+here: 50 draws, about 36 s)."""
+DRAIN_TIMEOUT_S = 120.0
 PODS = 4
 NODE = "chaos-node"
 CLUSTER = f"""
@@ -63,7 +90,22 @@ COMMAND = (
     "time.sleep(float(sys.argv[3])); sys.exit(int(sys.argv[4]))"
 )
 TOKEN = f"gpupool-chaos-{os.getpid()}"
-"""In every command's argv: no process carrying it may be left at the end."""
+"""In every command's argv, and the value of MARKER in every process the test starts."""
+MARKER = "GPUPOOL_CHAOS_TEST_TOKEN"
+"""Set in this test's environment before anything starts: every process it starts inherits
+it (nats-server, the services and what they start, the clients, their commands)."""
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``Z``: a zombie), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def is_alive(pid: int) -> bool:
+    return process_state(pid) not in (None, "Z")
 
 
 class Nats:
@@ -89,13 +131,18 @@ class Nats:
                         return int(entry.name)
         return None
 
-    async def kill(self) -> None:
+    async def kill(self) -> bool:
+        """SIGKILL it; True when it was alive, got the signal, and is gone (reaped) after."""
         pid = self.pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+        delivered = False
+        if pid is not None and is_alive(pid):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                delivered = True
         if self._running is not None:
-            await self._running.aclose()
+            await self._running.aclose()  # waits for the process: reaped
             self._running = None
+        return delivered and pid is not None and process_state(pid) is None
 
     async def stop(self) -> None:
         if self._running is not None:
@@ -104,7 +151,7 @@ class Nats:
 
 
 @asynccontextmanager
-async def chaos_stack(tmp_path: Path) -> AsyncIterator[tuple[Nats, object]]:
+async def chaos_stack(tmp_path: Path) -> AsyncIterator[tuple[Nats, LocalStack]]:
     nats = Nats(tmp_path / "nats")
     await nats.start()
     cluster = tmp_path / "cluster.yaml"
@@ -147,23 +194,57 @@ async def run_client(socket: Path, pod: str, ran: Path, run: int, code: int) -> 
     return returncode
 
 
-def leftovers() -> list[str]:
-    found = []
+async def kill_service(service: ServiceProcess) -> bool:
+    """SIGKILL the service's process; True when it was alive and died of that signal."""
+    process = service.process
+    if process is None or process.returncode is not None or not is_alive(process.pid):
+        return False
+    try:
+        process.send_signal(signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    async with asyncio.timeout(30):
+        code = await process.wait()
+    return code == -signal.SIGKILL
+
+
+def marked_processes() -> dict[int, str]:
+    """Every live process (not a zombie) but this one that carries the test's marker in its
+    environment or its token in its argv: pid -> command line."""
+    found = {}
+    marker = f"{MARKER}={TOKEN}".encode()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with suppress(OSError):
-                cmdline = (entry / "cmdline").read_bytes()
-                stat = (entry / "stat").read_text()
-                if TOKEN.encode() in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+            if (marker in environ.split(b"\0") or TOKEN.encode() in cmdline) and is_alive(
+                int(entry.name)
+            ):
+                found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+    return found
+
+
+async def leftovers(within: float = 10.0) -> dict[int, str]:
+    """The marked processes still alive ``within`` seconds after the stack stopped (processes
+    that are exiting get that long to go)."""
+    give_up_at = time.monotonic() + within
+    # /proc has no event to wait on: poll it, bounded
+    while (found := marked_processes()) and time.monotonic() < give_up_at:  # noqa: ASYNC110
+        await asyncio.sleep(0.2)
     return found
 
 
 async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(MARKER, TOKEN)  # inherited by every process started from here on
     rng = random.Random(SEED)
     faults: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    draws = 0
+    chaos_s = 0.0
     runs: dict[str, list[int]] = {f"p{i}": [] for i in range(PODS)}
     told: dict[str, list[int]] = {f"p{i}": [] for i in range(PODS)}
     plans = {pod: [rng.choice((0, 0, 3)) for _ in range(40)] for pod in runs}
@@ -177,33 +258,55 @@ async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
                 if chaos_over.is_set() and run >= 2:
                     return
                 runs[pod].append(code)
-                told[pod].append(await run_client(stack.socket_path, pod, ran, run, code))  # type: ignore[attr-defined]
+                told[pod].append(await run_client(stack.socket_path, pod, ran, run, code))
 
         async def keep_up(name: str) -> None:
             """Restart the service whenever it dies (as gpupool up does), at once."""
             while True:
-                process = stack.services[name].process  # type: ignore[attr-defined]
+                process = stack.services[name].process
                 if process is not None:
                     await process.wait()
                 with suppress(Exception):  # (it may die again while starting: next round)
-                    await stack.restart(name)  # type: ignore[attr-defined]
+                    await stack.restart(name)
+
+        # the scan that looks for leftovers sees what the test started
+        seen = marked_processes()
+        started_pids = {nats.pid()} | {
+            s.process.pid for s in stack.services.values() if s.process is not None
+        }
+        assert len(started_pids) == 1 + len(SERVICES), started_pids
+        assert started_pids <= seen.keys(), (started_pids, seen)
+
+        def enough() -> bool:
+            return sum(faults.values()) >= FAULTS and all(
+                faults[t] >= MIN_KILLS_PER_TARGET for t in TARGETS
+            )
 
         loops = [asyncio.create_task(pod_loop(pod)) for pod in runs]
         keepers = [asyncio.create_task(keep_up(name)) for name in SERVICES]
         try:
-            for _ in range(FAULTS):
+            chaos_started = time.monotonic()
+            while (
+                not enough()
+                and draws < MAX_DRAWS
+                and time.monotonic() - chaos_started < CHAOS_DEADLINE_S
+            ):
+                draws += 1
                 await asyncio.sleep(rng.uniform(0.3, 0.9))  # the seeded pause between faults
-                target = rng.choice(("nats-server", *SERVICES))
+                short = [t for t in TARGETS if faults[t] < MIN_KILLS_PER_TARGET]
+                target = rng.choice(short or TARGETS)
                 if target == "nats-server":
-                    await nats.kill()
+                    killed = await nats.kill()
                     await nats.start()
                 else:
-                    service = stack.services[target]  # type: ignore[attr-defined]
-                    if service.running:
-                        await stack.kill(target)  # type: ignore[attr-defined]
-                faults[target] += 1
+                    killed = await kill_service(stack.services[target])
+                if killed:
+                    faults[target] += 1
+                else:
+                    skipped[target] += 1
+            chaos_s = time.monotonic() - chaos_started
             chaos_over.set()
-            async with asyncio.timeout(120):
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
                 await asyncio.gather(*loops)
         finally:
             for keeper in keepers:
@@ -212,8 +315,8 @@ async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
             for loop in loops:
                 loop.cancel()
         for name in SERVICES:
-            if not stack.services[name].running:  # type: ignore[attr-defined]
-                await stack.restart(name)  # type: ignore[attr-defined]
+            if not stack.services[name].running:
+                await stack.restart(name)
         log = await JetStreamEventLog.connect(nats.url)
         try:
             entries = [entry async for entry in log.replay()]
@@ -225,11 +328,15 @@ async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
         "completed" if c == 0 else "failed" for codes in runs.values() for c in codes
     )
     print(
-        f"\nchaos: {sum(faults.values())} faults ({dict(sorted(faults.items()))}), "
+        f"\nchaos: {sum(faults.values())} faults ({dict(sorted(faults.items()))}) in "
+        f"{draws} draws (skipped, target down: {dict(sorted(skipped.items()))}), "
         f"{sum(len(r) for r in runs.values())} runs, outcomes {dict(outcomes)}, "
-        f"{elapsed:.0f}s"
+        f"chaos {chaos_s:.0f}s of {elapsed:.0f}s"
     )
-    assert sum(faults.values()) >= 50
+    assert enough(), (
+        f"gave up after {draws} draws, {chaos_s:.0f}s, with {sum(faults.values())} real SIGKILLs "
+        f"({dict(faults)}); wanted {FAULTS}, and {MIN_KILLS_PER_TARGET} of each of {TARGETS}"
+    )
     history = {
         pod: [
             f"{e.seq}:{type(e.envelope.event).__name__}"
@@ -241,7 +348,7 @@ async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
             for e in entries
             if isinstance(e, StoredEvent)
             and getattr(e.envelope.event, "pod", None) is not None
-            and e.envelope.event.pod.name == pod  # type: ignore[attr-defined]
+            and e.envelope.event.pod.name == pod  # type: ignore[union-attr]
         ]
         for pod in runs
     }
@@ -260,4 +367,5 @@ async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
         ], pod
     report = verify(entries)
     assert report.ok, report.violations[:3]
-    assert leftovers() == []
+    left = await leftovers()
+    assert left == {}, f"processes of the test still alive after it stopped: {left}"
