@@ -97,6 +97,14 @@ class Delivery(Protocol):
     def seq(self) -> int: ...
 
     @property
+    def follows(self) -> int | None:
+        """A sequence below ``seq`` such that no entry of the subscription's subjects lies
+        strictly between the two; None: not known (a redelivery, or a delivery before it was
+        not seen). A partitioned reader passes its watermark over a gap only with this proof
+        (docs/eventlog.md, "A node's partition")."""
+        ...
+
+    @property
     def entry(self) -> Entry: ...
 
     @property

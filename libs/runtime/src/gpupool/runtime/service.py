@@ -320,6 +320,7 @@ async def _keep_snapshots(store: FileSnapshotStore, loop: DeciderLoop, every: in
     saved = loop.projection.last_seq
     while True:
         await asyncio.sleep(SNAPSHOT_CHECK_SECONDS)  # a periodic job: nothing to wait on
+        await loop.keep_up()  # a quiet node's partition: its watermark reaches the log's end
         if loop.projection.last_seq - saved >= every:
             saved = await save_projection(store, loop.projection)
 
