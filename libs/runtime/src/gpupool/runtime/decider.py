@@ -279,9 +279,11 @@ class DeciderLoop:
     async def _set_aside_unrecorded(self, entries: list[Undecodable]) -> None:
         """Set aside each entry whose rejection the log does not hold yet.
 
-        Rejections are node-less entries (``<prefix>._.<writer>``): a partitioned loop does
-        not fold them, so it reads that subject from the first entry in question on (rare:
-        only garbage or a refused envelope on its node brings it here)."""
+        A whole-log reader records rejections as node-less entries (``<prefix>._.<writer>``),
+        a partitioned one on its node's subject: a partitioned loop folds the latter but not
+        the former, so it reads the node-less subject from the first entry in question on
+        (rare: only garbage or a refused envelope on its node brings it here). A whole-log
+        reader folds both."""
         if not entries:
             return
         if self.partition is not None:
@@ -305,9 +307,11 @@ class DeciderLoop:
             entry.subject,
             entry.error,
         )
-        envelope = rejection_envelope(entry, time=self.clock())
+        # a partitioned loop (an executor: it may append on its node's subject only) records
+        # its node's rejections there; everyone else on the node-less subject
+        envelope = rejection_envelope(entry, time=self.clock(), node=self.partition or NODELESS)
         seq = await self.log.append(envelope)
-        self.projection.apply(seq, envelope)
+        self.projection.apply(seq, envelope, writer=self.writer)
 
     async def execute(
         self, command: Command, *, node: str, cause: Envelope | None = None
