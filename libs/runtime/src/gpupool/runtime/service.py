@@ -102,7 +102,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) 
         "--instance",
         default=env("GPUPOOL_INSTANCE", socket.gethostname()),
         help="this replica's name (unique among the service's replicas): it claims one of "
-        "the service's durable consumers under it, and resumes it after a restart",
+        "its NATS user's durable consumers <user>-0 … <user>-7 under this name (kept in the "
+        "consumer's metadata), resumes that one after a restart, and names its snapshot "
+        "<service>-<instance>.snapshot",
     )
     parser.add_argument(
         "--snapshot-dir",
