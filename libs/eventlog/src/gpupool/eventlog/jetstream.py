@@ -155,8 +155,9 @@ class JetStreamEventLog:
         self._subscriptions: set[JetStreamSubscription] = set()
         self._replays: dict[asyncio.Queue[Msg | None], NatsSubscription] = {}
         self._appended: dict[str, int] = {}
-        self._created_consumers: set[str] = set()
-        """Durables this connection created and no subscriber has started on yet."""
+        self._created_consumers: dict[str, int] = {}
+        """Durables this connection created and no subscriber has started on yet: the sequence
+        each was created to start at."""
 
     @classmethod
     async def connect(
@@ -640,7 +641,7 @@ class JetStreamEventLog:
         answer = json.loads(reply.data)
         if "error" in answer:
             nats.js.errors.APIError.from_error(answer["error"])  # raises
-        self._created_consumers.add(durable)
+        self._created_consumers[durable] = start
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -804,10 +805,10 @@ class JetStreamSubscription:
             self._skip_below = await self._log._ensure_consumer(
                 self.durable, self.subject_filter, self.from_seq
             )
-        if self.durable in self._log._created_consumers:
-            # created here at from_seq: its first delivery is the filter's first entry from there
-            self._log._created_consumers.discard(self.durable)
-            self._last_delivered = (0, max(self.from_seq, 1) - 1)
+        created_at = self._log._created_consumers.pop(self.durable, None)
+        if created_at is not None:
+            # created here: its first delivery is the filter's first entry from that sequence
+            self._last_delivered = (0, created_at - 1)
         self._inbox_subject = self._log._nc.new_inbox()
         self._nats_subscription = await self._log._nc.subscribe(
             self._inbox_subject, cb=self._on_msg
