@@ -322,7 +322,10 @@ async def _keep_snapshots(store: FileSnapshotStore, loop: DeciderLoop, every: in
     saved = loop.projection.last_seq
     while True:
         await asyncio.sleep(SNAPSHOT_CHECK_SECONDS)  # a periodic job: nothing to wait on
-        await loop.keep_up()  # a quiet node's partition: its watermark reaches the log's end
+        try:
+            await loop.keep_up()  # a quiet node's partition: its watermark reaches the log's end
+        except Exception:  # a busy or reconnecting server: the next round tries again
+            log.warning("%s: keeping the watermark up failed", loop.service, exc_info=True)
         if loop.projection.last_seq - saved >= every:
             saved = await save_projection(store, loop.projection)
 
