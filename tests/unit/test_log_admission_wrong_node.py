@@ -16,12 +16,14 @@ from core_gwt import at, gpu_uuid, node_events, ref, registered
 
 from gpupool.cli.audit import verify
 from gpupool.core import State
-from gpupool.eventlog.port import read_entries
+from gpupool.eventlog import InMemoryEventLog
+from gpupool.eventlog.port import StoredEvent, read_entries
 from gpupool.eventlog.subjects import subject_for
 from gpupool.events import (
     Assigned,
     Envelope,
     Event,
+    MessageRejected,
     PodReady,
     PodRemoved,
     Preempted,
@@ -29,6 +31,7 @@ from gpupool.events import (
     encode_envelope,
     event_node,
 )
+from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.projection import Projection
 
 A, B = "gpu-a.example", "gpu-b.example"
@@ -126,3 +129,24 @@ def test_verify_reports_an_event_for_a_pod_of_another_node() -> None:
         (len(events), "default/run")
     ]
     assert any(s.seq == len(events) and "WrongNode" in s.reason for s in report.set_aside)
+
+
+async def test_a_service_records_the_crossing_entry_as_a_rejection_once(
+    memory_log: InMemoryEventLog,
+) -> None:
+    for event in history():
+        await memory_log.append(envelope(event))
+    crossing = await memory_log.append(envelope(CROSSING["a release of A's running pod"]))
+    for service in ("admission-queue", "preemption"):  # the second finds it recorded
+        loop = DeciderLoop(memory_log, service=service)
+        await loop.rebuild()
+        assert loop.projection.state.pods[ref("run")].phase == "running"
+    reasons = [
+        entry.envelope.event.reason
+        async for entry in memory_log.replay()
+        if isinstance(entry, StoredEvent)
+        and isinstance(entry.envelope.event, MessageRejected)
+        and entry.envelope.event.seq == crossing
+    ]
+    assert len(reasons) == 1
+    assert reasons[0].startswith(f"WrongNode: default/run is registered on {A}, not {B}")
