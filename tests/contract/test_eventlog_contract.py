@@ -551,6 +551,27 @@ async def test_a_nak_delivers_the_entry_again(event_log: EventLog) -> None:
     await subscription.aclose()
 
 
+async def test_a_first_delivery_proves_what_it_follows_and_a_redelivery_proves_nothing(
+    event_log: EventLog,
+) -> None:
+    """``Delivery.follows``: no entry of the subscription's subjects lies between it and the
+    delivery (a partitioned reader passes its watermark over that gap only)."""
+    first = await event_log.append(wrap(ready(node="gpu-1", pod="a")))
+    await event_log.append(wrap(ready(node="gpu-2", pod="b")))  # another node's
+    third = await event_log.append(wrap(ready(node="gpu-1", pod="c")))
+    subscription = event_log.subscribe(durable="follows", node="gpu-1")
+    one = await next_delivery(subscription)
+    assert (one.seq, one.follows) == (first, 0)
+    two = await next_delivery(subscription)
+    assert (two.seq, two.follows) == (third, first)
+    await one.ack()
+    await two.nak()
+    again = await next_delivery(subscription)
+    assert (again.seq, again.follows) == (third, None)
+    await again.ack()
+    await subscription.aclose()
+
+
 async def test_garbage_is_delivered_as_undecodable(event_log: EventLog) -> None:
     await event_log.append_raw(f"{prefix_of(event_log)}._.Whatever", b"\x00\x01")
     good = await event_log.append(wrap(ready()))

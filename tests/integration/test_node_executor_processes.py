@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from gpupool.events import PodRef
+from gpupool.gpus import GpuSample
+from gpupool.node_executor.memory_guard import GuardedWorkload, MemoryOverrun, guard_memory
 from gpupool.node_executor.processes import (
     ProcessSupervisor,
     Workload,
     WorkloadStartFailed,
     group_members,
     leader_exited,
-    members_among,
     shell_exit_code,
 )
 
@@ -302,12 +303,34 @@ async def test_workload_runs_as_the_peers_user_without_extra_groups(
     assert await supervisor.wait(workload) == 0
 
 
+class NamingSampler:
+    """A real-GPU sampler whose one card shows the given pids, each holding 1 MiB."""
+
+    source = "nvml"
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        return (
+            GpuSample(
+                index=0,
+                uuid="GPU-0",
+                memory_used_bytes=len(self.pids) << 20,
+                memory_total_bytes=1 << 30,
+                utilisation=0.5,
+                process_memory_bytes={pid: 1 << 20 for pid in self.pids},
+            ),
+        )
+
+
 def test_a_forked_member_holding_gpu_memory_is_counted_without_scanning_proc(
-    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The memory guard attributes a sampled pid to a workload by that pid's own group and
     session (one stat read), not by listing every process: a child forked into its own
-    process group but still in the session is the workload's; an outsider is not."""
+    process group but still in the session is the workload's; an outsider is not. Driven
+    through ``guard_memory`` itself, with any listing of ``/proc`` failing the test."""
     script = (
         "import os, sys, time\n"
         "pid = os.fork()\n"
@@ -325,7 +348,45 @@ def test_a_forked_member_holding_gpu_memory_is_counted_without_scanning_proc(
     try:
         assert leader.stdout is not None
         child = int(leader.stdout.readline())
-        assert members_among([leader.pid, child, outsider.pid], leader.pid) == {leader.pid, child}
+        pod = PodRef(namespace="default", name="guarded")
+        workload = GuardedWorkload(
+            pod=pod,
+            gpu_uuid="GPU-0",
+            memory_limit_bytes=1 << 20,  # the leader's own MiB fits; with its child's it does not
+            pids=frozenset({leader.pid}),
+            leader=leader.pid,
+        )
+        overruns: list[MemoryOverrun] = []
+
+        async def one_guard_round() -> None:
+            stop = asyncio.Event()
+
+            async def on_overrun(overrun: MemoryOverrun) -> None:
+                overruns.append(overrun)
+                stop.set()
+
+            async with asyncio.timeout(30):
+                await guard_memory(
+                    NamingSampler([leader.pid, child, outsider.pid]),
+                    lambda: [workload],
+                    on_overrun,
+                    period_seconds=0.05,
+                    stop=stop,
+                )
+
+        def no_scan(path: object = ".") -> list[str]:
+            if str(path).rstrip("/") == "/proc":
+                raise AssertionError("the memory guard listed every process")
+            return real_listdir(path)  # type: ignore[arg-type]
+
+        real_listdir = os.listdir
+        monkeypatch.setattr(os, "listdir", no_scan)
+        asyncio.run(one_guard_round())
+        monkeypatch.undo()
+        (overrun,) = overruns
+        assert overrun.pod == pod
+        assert set(overrun.pids) == {leader.pid, child}  # not the outsider
+        assert overrun.used_bytes == 2 << 20
         assert not leader_exited(leader.pid)
     finally:
         if child:

@@ -124,3 +124,40 @@ def test_a_scrape_asks_for_the_pod_processes_among_its_own_samples_pids_only() -
     assert registry.get_sample_value("gpupool_inventory_simulated", {"node": "n1"}) == 0.0
     assert asked and all(pids == {4711, 4712} for pids in asked)
     assert sampler.taken == len(asked)  # one sample per scrape, for both
+
+
+class TimeSharingSample(GpuSample, frozen=True, kw_only=True):
+    """A reading that also knows each process's share of the card's time."""
+
+    process_utilisation: dict[int, float] = msgspec.field(default_factory=dict)
+
+
+class TimeSharingSampler(FixedSampler):
+    """Pid 4713 has a share of the card's time but no memory NVML could size."""
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        return tuple(
+            TimeSharingSample(
+                **msgspec.structs.asdict(s) | {"process_memory_bytes": {4711: 1}},
+                process_utilisation={4711: 0.25, 4713: 0.5},
+            )
+            for s in super().sample()
+        )
+
+
+def test_a_scrape_asks_about_every_pid_the_collector_counts_time_sharers_too() -> None:
+    asked: list[set[int]] = []
+
+    def among(pids: object) -> dict[PodRef, list[int]]:
+        asked.append(set(pids))  # type: ignore[call-overload]
+        return {}
+
+    def every_process() -> dict[PodRef, list[int]]:
+        raise AssertionError("the scan of every process was asked for")
+
+    readings = ExecutorReadings(
+        "n1", REAL, TimeSharingSampler(REAL), every_process, pod_processes_among=among
+    )
+    registry = executor_registry(metrics_projection(), readings)
+    assert registry.get_sample_value("gpupool_inventory_simulated", {"node": "n1"}) == 0.0
+    assert asked and all(pids == {4711, 4713} for pids in asked)

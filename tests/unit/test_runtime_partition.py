@@ -1,8 +1,10 @@
 """A projection read from one node's subjects: the watermark passes the rest of the log.
 
-A partitioned reader is handed its node's entries in log order; when it is handed sequence
-S, everything below S is folded already or another node's. Its own appends, folded before
-their delivery, stay folded once; a redelivery is still refused by sequence.
+When a partitioned reader knows everything below sequence S is folded already or another
+node's (an ordered replay handed it S, or a delivery proves it follows a passed sequence:
+tests/integration/test_partition_redelivery.py), the watermark passes below S. Its own
+appends, folded before their delivery, stay folded once; a redelivery is still refused by
+sequence.
 """
 
 from __future__ import annotations

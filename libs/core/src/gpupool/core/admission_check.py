@@ -21,7 +21,11 @@ flags each as a violation), so a log the services wrote folds exactly as before:
   the node does not have (its inventory, or before one its advertised count);
 * **Preempted** of a victim not running on that GPU, or for a preemptor not registered;
 * **Released** of a pod not registered, of a GPU the pod does not hold, or out of a
-  queue the pod is not in.
+  queue the pod is not in;
+* **PodReady, Released, Preempted, PodRemoved** naming another node than the pod's
+  (:data:`WRONG_NODE`; for Preempted, the victim's or the preemptor's): the entry lies on
+  the named node's subjects, which the pod's node-executor does not read, so folding it
+  into the pod would split the views of whole-log and partitioned readers.
 
 The fold stays deterministic: the decision depends only on the state and the envelope.
 """
@@ -40,6 +44,7 @@ from gpupool.events import (
     PodReady,
     PodRegistered,
     PodRejected,
+    PodRemoved,
     Preempted,
     Released,
 )
@@ -51,6 +56,7 @@ REPLAYED = "ReplayedEnvelope"
 UNKNOWN_POD = "UnknownPod"
 UNKNOWN_GPU = "UnknownGpu"
 OUT_OF_ORDER = "EventOutOfOrder"
+WRONG_NODE = "WrongNode"
 
 
 class EnvelopeIds(OrderedDict[str, None]):
@@ -86,7 +92,7 @@ def admission_problem(
     # common case of each costs a lookup or two
     if type(event) is PodReady:
         pod = state.pods.get(event.pod)
-        if pod is not None and pod.phase == "dormant":
+        if pod is not None and pod.phase == "dormant" and pod.node == event.node:
             return None
     elif type(event) is Assigned:
         pod = state.pods.get(event.pod)
@@ -96,9 +102,13 @@ def admission_problem(
                 return None
     elif type(event) is Released:
         pod = state.pods.get(event.pod)
-        if pod is not None and (
-            (pod.phase == "running" and pod.gpu_index == event.gpu_index is not None)
-            or (pod.phase == "ready" and event.gpu_index is None)
+        if (
+            pod is not None
+            and pod.node == event.node
+            and (
+                (pod.phase == "running" and pod.gpu_index == event.gpu_index is not None)
+                or (pod.phase == "ready" and event.gpu_index is None)
+            )
         ):
             return None
     elif type(event) is PodRejected:
@@ -117,6 +127,8 @@ def _problem(state: State, event: Event) -> str | None:
             pod = state.pods.get(event.pod)
             if pod is None:
                 return f"{UNKNOWN_POD}: {event.pod} is not registered"
+            if pod.node != event.node:
+                return _wrong_node(event.pod, pod.node, event.node)
             if pod.phase != "dormant":
                 return f"{OUT_OF_ORDER}: {event.pod} became ready while {pod.phase}"
         case Assigned():
@@ -140,17 +152,24 @@ def _problem(state: State, event: Event) -> str | None:
             victim = state.pods.get(event.victim)
             if victim is None:
                 return f"{UNKNOWN_POD}: victim {event.victim} is not registered"
+            if victim.node != event.node:
+                return _wrong_node(event.victim, victim.node, event.node)
             if victim.phase != "running" or victim.gpu_index != event.gpu_index:
                 return (
                     f"{OUT_OF_ORDER}: victim {event.victim} is {victim.phase}, not running on "
                     f"GPU {event.gpu_index}"
                 )
-            if event.preemptor not in state.pods:
+            preemptor = state.pods.get(event.preemptor)
+            if preemptor is None:
                 return f"{UNKNOWN_POD}: preemptor {event.preemptor} is not registered"
+            if preemptor.node != event.node:
+                return _wrong_node(event.preemptor, preemptor.node, event.node)
         case Released():
             pod = state.pods.get(event.pod)
             if pod is None:
                 return f"{UNKNOWN_POD}: {event.pod} is not registered"
+            if pod.node != event.node:
+                return _wrong_node(event.pod, pod.node, event.node)
             if event.gpu_index is None:
                 if pod.phase != "ready":
                     return f"{OUT_OF_ORDER}: {event.pod} left the queue while {pod.phase}"
@@ -165,9 +184,17 @@ def _problem(state: State, event: Event) -> str | None:
                 return (
                     f"{OUT_OF_ORDER}: {event.pod} released GPU {event.gpu_index} while {pod.phase}"
                 )
+        case PodRemoved():
+            pod = state.pods.get(event.pod)
+            if pod is not None and pod.node != event.node:
+                return _wrong_node(event.pod, pod.node, event.node)
         case _:
             pass
     return None
+
+
+def _wrong_node(pod: object, registered: str, named: str) -> str:
+    return f"{WRONG_NODE}: {pod} is registered on {registered}, not {named}"
 
 
 def _has_gpu(node: NodeState, index: int) -> bool:

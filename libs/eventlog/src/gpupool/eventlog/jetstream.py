@@ -155,6 +155,9 @@ class JetStreamEventLog:
         self._subscriptions: set[JetStreamSubscription] = set()
         self._replays: dict[asyncio.Queue[Msg | None], NatsSubscription] = {}
         self._appended: dict[str, int] = {}
+        self._created_consumers: dict[str, int] = {}
+        """Durables this connection created and no subscriber has started on yet: the sequence
+        each was created to start at."""
 
     @classmethod
     async def connect(
@@ -638,6 +641,7 @@ class JetStreamEventLog:
         answer = json.loads(reply.data)
         if "error" in answer:
             nats.js.errors.APIError.from_error(answer["error"])  # raises
+        self._created_consumers[durable] = start
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -676,12 +680,15 @@ class JetStreamDelivery:
     """One delivered message; its bytes are decoded on first look at ``entries`` (a subscriber
     that already folded ``seq`` acks it without decoding it)."""
 
-    __slots__ = ("_done", "_entries", "_msg", "_subscription", "seq")
+    __slots__ = ("_done", "_entries", "_msg", "_subscription", "follows", "seq")
 
-    def __init__(self, subscription: JetStreamSubscription, msg: Msg, seq: int) -> None:
+    def __init__(
+        self, subscription: JetStreamSubscription, msg: Msg, seq: int, follows: int | None = None
+    ) -> None:
         self._subscription = subscription
         self._msg = msg
         self.seq = seq
+        self.follows = follows
         self._entries: tuple[Entry, ...] | None = None
         self._done = False
 
@@ -734,6 +741,9 @@ class JetStreamSubscription:
         self._closed = False
         self._held: collections.deque[Msg | str | None] = collections.deque()
         """Taken from the inbox by ``take_ready`` but not a delivery: for ``__anext__``."""
+        self._last_delivered: tuple[int, int] | None = None
+        """(consumer sequence, stream sequence) of the last delivery seen, if it was a first
+        delivery: the proof of ``Delivery.follows`` for the next one."""
 
     def take_ready(self, limit: int) -> list[Delivery]:
         """Deliveries already received, at most ``limit``, without waiting (none: [])."""
@@ -755,9 +765,27 @@ class JetStreamSubscription:
 
     def _deliver(self, msg: Msg) -> JetStreamDelivery:
         self._requested -= 1
-        delivery = JetStreamDelivery(self, msg, _stream_seq(msg))
+        seq = _stream_seq(msg)
+        delivery = JetStreamDelivery(self, msg, seq, self._follows(msg, seq))
         self._unacked[msg.reply] = delivery
         return delivery
+
+    def _follows(self, msg: Msg, seq: int) -> int | None:
+        """``Delivery.follows`` of a message, seen in the order the consumer sent them.
+
+        The consumer numbers every delivery it sends (first or again) and sends first
+        deliveries in stream order: a first delivery numbered right after a first delivery
+        of ``s`` is the filter's next entry after ``s``. Anything else (a redelivery, a
+        delivery lost before it, the first one seen) proves nothing.
+        """
+        delivered, consumer_seq = _delivery_counts(msg)
+        last, self._last_delivered = (
+            self._last_delivered,
+            (consumer_seq, seq) if delivered == 1 else None,
+        )
+        if delivered != 1 or last is None or consumer_seq != last[0] + 1:
+            return None
+        return last[1]
 
     def __aiter__(self) -> JetStreamSubscription:
         return self
@@ -777,6 +805,10 @@ class JetStreamSubscription:
             self._skip_below = await self._log._ensure_consumer(
                 self.durable, self.subject_filter, self.from_seq
             )
+        created_at = self._log._created_consumers.pop(self.durable, None)
+        if created_at is not None:
+            # created here: its first delivery is the filter's first entry from that sequence
+            self._last_delivered = (0, created_at - 1)
         self._inbox_subject = self._log._nc.new_inbox()
         self._nats_subscription = await self._log._nc.subscribe(
             self._inbox_subject, cb=self._on_msg
@@ -827,8 +859,9 @@ class JetStreamSubscription:
             assert isinstance(msg, Msg)
             status = msg.headers.get("Status") if msg.headers else None
             if status is None and msg.reply:
-                if _stream_seq(msg) < self._skip_below:  # folded before this subscriber began
+                if (seq := _stream_seq(msg)) < self._skip_below:  # folded before it began
                     self._requested -= 1
+                    self._follows(msg, seq)
                     await msg.ack()
                     continue
                 return self._deliver(msg)
@@ -866,6 +899,14 @@ def _stream_seq(msg: Msg) -> int:
     """The stream sequence from a JetStream reply subject (``$JS.ACK.…``), v1 or v2 layout."""
     tokens = msg.reply.split(".")
     return int(tokens[5] if len(tokens) == 9 else tokens[7])
+
+
+def _delivery_counts(msg: Msg) -> tuple[int, int]:
+    """(times delivered, consumer sequence) from a JetStream reply subject, v1 or v2 layout."""
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[4]), int(tokens[6])
+    return int(tokens[6]), int(tokens[8])
 
 
 async def _quietly(awaitable: Any, what: str) -> None:

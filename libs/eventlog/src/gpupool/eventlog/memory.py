@@ -184,13 +184,17 @@ class _MemoryConsumer:
         self.cursor = 0
         self.redeliver: list[int] = []
         self.outstanding: set[int] = set()
+        self.follows: int | None = None
+        """Of the sequence ``next_seq`` returned last: see ``Delivery.follows``."""
 
     def next_seq(self, log: InMemoryEventLog) -> int | None:
+        self.follows = None
         while self.redeliver:
             seq = heapq.heappop(self.redeliver)
             if seq in self.outstanding:
                 continue
             return seq
+        self.follows = self.cursor  # no entry of the filter lies between it and the next
         while self.cursor < len(log._records):
             self.cursor += 1
             if subject_matches(log._records[self.cursor - 1].subject, self.subject_filter):
@@ -209,12 +213,18 @@ class _MemoryConsumer:
 
 
 class MemoryDelivery:
-    __slots__ = ("_done", "_entries", "_subscription")
+    __slots__ = ("_done", "_entries", "_subscription", "follows")
 
-    def __init__(self, subscription: MemorySubscription, entries: tuple[Entry, ...]) -> None:
+    def __init__(
+        self,
+        subscription: MemorySubscription,
+        entries: tuple[Entry, ...],
+        follows: int | None = None,
+    ) -> None:
         self._subscription = subscription
         self._entries = entries
         self._done = False
+        self.follows = follows
 
     @property
     def seq(self) -> int:
@@ -259,7 +269,7 @@ class MemorySubscription:
             appended = self._log._appended
             seq = self._consumer.next_seq(self._log)
             if seq is not None:
-                delivery = MemoryDelivery(self, self._log._entries(seq))
+                delivery = MemoryDelivery(self, self._log._entries(seq), self._consumer.follows)
                 self._consumer.outstanding.add(seq)
                 self._unacked[seq] = delivery
                 return delivery
@@ -272,7 +282,7 @@ class MemorySubscription:
             seq = self._consumer.next_seq(self._log)
             if seq is None:
                 break
-            delivery = MemoryDelivery(self, self._log._entries(seq))
+            delivery = MemoryDelivery(self, self._log._entries(seq), self._consumer.follows)
             self._consumer.outstanding.add(seq)
             self._unacked[seq] = delivery
             taken.append(delivery)

@@ -97,6 +97,14 @@ class Delivery(Protocol):
     def seq(self) -> int: ...
 
     @property
+    def follows(self) -> int | None:
+        """A sequence below ``seq`` such that no entry of the subscription's subjects lies
+        strictly between the two; None: not known (a redelivery, or a delivery before it was
+        not seen). A partitioned reader passes its watermark over a gap only with this proof
+        (docs/eventlog.md, "A node's partition")."""
+        ...
+
+    @property
     def entry(self) -> Entry: ...
 
     @property
@@ -287,8 +295,10 @@ def rejection_id(seq: int) -> str:
     return f"rejected-{seq}"
 
 
-def rejection_envelope(entry: Undecodable, *, time: datetime) -> Envelope:
-    """The dead letter of an undecodable entry, to append on ``<prefix>._.MessageRejected``."""
+def rejection_envelope(entry: Undecodable, *, time: datetime, node: str = NODELESS) -> Envelope:
+    """The dead letter of an undecodable entry: node-less (on ``<prefix>._.<writer>``), or, for
+    a writer that appends for one node only (a node-executor, which may publish on its node's
+    subject alone), ``node``'s, on that node's subject (docs/eventlog.md, "A node's partition")."""
     payload = entry.data.decode("utf-8", errors="replace")[:REJECTED_PAYLOAD_LIMIT]
     return Envelope(
         id=rejection_id(entry.seq),
@@ -297,7 +307,7 @@ def rejection_envelope(entry: Undecodable, *, time: datetime) -> Envelope:
             subject=entry.subject[:REJECTED_REASON_LIMIT],
             reason=entry.error[:REJECTED_REASON_LIMIT],
             payload=payload,
-            node=NODELESS,
+            node=node,
             seq=entry.seq,
         ),
     )

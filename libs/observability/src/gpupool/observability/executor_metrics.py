@@ -85,7 +85,9 @@ GPU_LABELS = ("node", "gpu", "uuid")
 POD_LABELS = ("node", "pod", "namespace", "gpu")
 
 
-def _card_pids(reading: GpuReading) -> set[int]:
+def card_pids(reading: GpuReading) -> set[int]:
+    """The pids a reading names: those with GPU memory on the card, and those with a share of
+    its time (a reading with ``process_utilisation``)."""
     pids = set(reading.process_memory_bytes)
     if isinstance(reading, ProcessUtilisation):
         pids.update(reading.process_utilisation)
@@ -166,9 +168,9 @@ class ExecutorCollector:
             families.memory_used.add_metric(labels, reading.memory_used_bytes)
             families.memory_total.add_metric(labels, reading.memory_total_bytes)
             families.utilisation.add_metric(labels, reading.utilisation)
-            card_pids = _card_pids(reading)
+            on_this_card = card_pids(reading)
             on_card = {
-                ref: [pid for pid in pids if pid in card_pids] for ref, pids in processes.items()
+                ref: [pid for pid in pids if pid in on_this_card] for ref, pids in processes.items()
             }
             on_card = {ref: pids for ref, pids in on_card.items() if pids}
             for ref in sorted(on_card):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -202,10 +202,8 @@ class DeciderLoop:
         """
         folded = 0
         unreadable: list[Undecodable] = []
-        async for entry in self.log.replay(
-            node=self.partition, from_seq=self.projection.last_seq + 1
-        ):
-            if self.fold(entry):
+        async for entry in self._ordered_replay():
+            if self.fold(entry, ordered=True):
                 folded += 1
                 if isinstance(entry, Undecodable):
                     unreadable.append(entry)
@@ -214,10 +212,46 @@ class DeciderLoop:
         await self._record_refusals()
         return folded
 
-    def fold(self, entry: Entry) -> bool:
-        """Fold one entry (one event of an entry) unless it was folded before."""
+    async def _ordered_replay(self) -> AsyncIterator[Entry]:
+        """The partition's (or the log's) entries after the watermark, in order, every one.
+
+        A partitioned loop reads the stream's last sequence first: once the replay ended,
+        every entry of the node up to it is folded (the replay stops at the node's last
+        entry, read later), so the watermark passes it even if the node's last entry lies
+        far below (a quiet node: docs/eventlog.md, "A node's partition")."""
+        stream_end = await self.log.last_seq() if self.partition is not None else 0
+        async for entry in self.log.replay(
+            node=self.partition, from_seq=self.projection.last_seq + 1
+        ):
+            yield entry
         if self.partition is not None:
-            # read in log order from a node's subjects: what lies below is folded or not ours
+            self.projection.pass_below(stream_end + 1)
+
+    def _gap_proven(self, delivery: Delivery) -> bool:
+        """A consumer's delivery may be folded now; False: a replay must fold what lies before.
+
+        A partitioned loop passes its watermark over the sequences below a delivery only if
+        nothing of its node can lie there unfolded: the delivery ``follows`` a sequence the
+        watermark has passed (no entry of the node lies between). A delivery lost in flight
+        and handed out again later breaks that proof for the deliveries after it, so it is
+        never passed over (docs/eventlog.md, "A node's partition")."""
+        projection = self.projection
+        seq = delivery.seq
+        if self.partition is None or seq <= projection.last_seq + 1 or projection.applied(seq):
+            return True
+        follows = delivery.follows
+        if follows is None or follows > projection.last_seq:
+            return False
+        projection.pass_below(seq)
+        return True
+
+    def fold(self, entry: Entry, *, ordered: bool = False) -> bool:
+        """Fold one entry (one event of an entry) unless it was folded before.
+
+        ``ordered``: the entry comes from an ordered replay of the loop's subjects (every
+        entry from the watermark on, contiguous): a partitioned loop passes what lies below
+        it (folded, or another node's)."""
+        if ordered and self.partition is not None:
             self.projection.pass_below(entry.seq)
         if isinstance(entry, StoredEvent):
             new = self.projection.apply(
@@ -245,9 +279,11 @@ class DeciderLoop:
     async def _set_aside_unrecorded(self, entries: list[Undecodable]) -> None:
         """Set aside each entry whose rejection the log does not hold yet.
 
-        Rejections are node-less entries (``<prefix>._.<writer>``): a partitioned loop does
-        not fold them, so it reads that subject from the first entry in question on (rare:
-        only garbage or a refused envelope on its node brings it here)."""
+        A whole-log reader records rejections as node-less entries (``<prefix>._.<writer>``),
+        a partitioned one on its node's subject: a partitioned loop folds the latter but not
+        the former, so it reads the node-less subject from the first entry in question on
+        (rare: only garbage or a refused envelope on its node brings it here). A whole-log
+        reader folds both."""
         if not entries:
             return
         if self.partition is not None:
@@ -271,9 +307,11 @@ class DeciderLoop:
             entry.subject,
             entry.error,
         )
-        envelope = rejection_envelope(entry, time=self.clock())
+        # a partitioned loop (an executor: it may append on its node's subject only) records
+        # its node's rejections there; everyone else on the node-less subject
+        envelope = rejection_envelope(entry, time=self.clock(), node=self.partition or NODELESS)
         seq = await self.log.append(envelope)
-        self.projection.apply(seq, envelope)
+        self.projection.apply(seq, envelope, writer=self.writer)
 
     async def execute(
         self, command: Command, *, node: str, cause: Envelope | None = None
@@ -380,16 +418,25 @@ class DeciderLoop:
             # the server holds back deliveries past the durable's ack-pending limit (1,000)
             return False
         unreadable: list[Undecodable] = []
+        gap = False
         try:
             async with asyncio.timeout(CATCH_UP_WAIT_S):
                 async with self._consumer_lock:
-                    if self._reacting:
-                        await self._take_from(subscription, actual, unreadable)
-                while not self._folded(actual):  # consume folds it
+                    if self._reacting and not await self._take_from(
+                        subscription, actual, unreadable
+                    ):
+                        gap = True
+                while not gap and not self._folded(actual):  # consume folds it
                     await self._batch_folded.wait()
         except (TimeoutError, StopAsyncIteration):
             log.info("%s: entry %d not delivered in time; replaying", self.service, actual)
+            if unreadable:
+                await self._catch_up(unreadable)  # what it folded is set aside after the replay
+                return True
             return False
+        if gap:  # a delivery the partition cannot pass over yet: an ordered replay folds it
+            await self._catch_up(unreadable)
+            return True
         self.catch_ups_from_consumer += 1
         if unreadable or self._refusals:
             await self._catch_up(unreadable)
@@ -397,14 +444,18 @@ class DeciderLoop:
 
     async def _take_from(
         self, subscription: Subscription, actual: int, unreadable: list[Undecodable]
-    ) -> None:
-        while not self._folded(actual):
+    ) -> bool:
+        """Fold deliveries up to ``actual``; False: a gap ``_gap_proven`` cannot pass came first
+        (the rest is left to a replay and to ``consume``)."""
+        gap = False
+        while not gap and not self._folded(actual):
             ready = subscription.take_ready(CONSUME_BATCH)
             if not ready:
                 ready = [await subscription.__anext__()]
             self._taken += ready
             for delivery in ready:
-                if not self._folded(delivery.seq):
+                gap = gap or not self._gap_proven(delivery)
+                if not gap and not self._folded(delivery.seq):
                     for entry in delivery.entries:
                         if not self.fold(entry):
                             continue
@@ -416,8 +467,21 @@ class DeciderLoop:
                     await delivery.ack()  # the server's ack-pending limit stays free
                 else:
                     self._unacked_held += 1
+        return not gap
 
-    async def _catch_up(self, unreadable: list[Undecodable] | None = None) -> None:
+    async def keep_up(self) -> None:
+        """A partitioned loop: fold what its node has beyond the watermark and pass the
+        watermark to the stream's end (cheap when the node was quiet: nothing is replayed).
+
+        Its consumer moves the watermark only on the node's own entries; called before each
+        snapshot, this keeps a quiet node's snapshot up with the log, so a purge of the log
+        does not find it behind (docs/eventlog.md, "A node's partition")."""
+        if self.partition is not None:
+            await self._catch_up(counted=False)
+
+    async def _catch_up(
+        self, unreadable: list[Undecodable] | None = None, *, counted: bool = True
+    ) -> None:
         """Fold what others appended since; their events still get a reaction in ``consume``.
 
         Only the start-up rebuild is followed by ``Service.start``, which decides for
@@ -425,12 +489,11 @@ class DeciderLoop:
         causes) that nothing else would react to. ``unreadable``: entries folded before
         (from the consumer) still to be set aside once the log's end is folded.
         """
-        self.catch_up_replays += 1
+        if counted:
+            self.catch_up_replays += 1
         unreadable = list(unreadable or ())
-        async for entry in self.log.replay(
-            node=self.partition, from_seq=self.projection.last_seq + 1
-        ):
-            if self.fold(entry):
+        async for entry in self._ordered_replay():
+            if self.fold(entry, ordered=True):
                 if isinstance(entry, StoredEvent):
                     self._mark_caught_up(entry)
                 else:
@@ -480,6 +543,8 @@ class DeciderLoop:
                     for taken in deliveries:
                         if self._folded(taken.seq) and taken.seq not in self._caught_up:
                             continue  # folded before (an own append): acked unread
+                        if not self._gap_proven(taken):
+                            await self._catch_up()  # folds what lies before it, in order
                         for entry in taken.entries:
                             if await self._take(entry):
                                 assert isinstance(entry, StoredEvent)

@@ -174,9 +174,10 @@ class Projection:
             self.ahead.add(seq)
 
     def pass_below(self, seq: int) -> None:
-        """A partitioned reader (one node's entries, delivered in log order) was handed ``seq``:
-        every sequence below it is folded already or another partition's, so the watermark
-        passes them (the projection of one node then never waits on the rest of the log)."""
+        """A partitioned reader knows every sequence below ``seq`` is folded already or another
+        partition's, so the watermark passes them (the projection of one node then never
+        waits on the rest of the log). The caller must have that proof: an ordered replay
+        handed it ``seq``, or a delivery's ``follows`` (``DeciderLoop._gap_proven``)."""
         if seq - 1 <= self.last_seq:
             return
         self.last_seq = seq - 1

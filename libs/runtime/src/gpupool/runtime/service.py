@@ -102,7 +102,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_port: int) 
         "--instance",
         default=env("GPUPOOL_INSTANCE", socket.gethostname()),
         help="this replica's name (unique among the service's replicas): it claims one of "
-        "the service's durable consumers under it, and resumes it after a restart",
+        "its NATS user's durable consumers <user>-0 … <user>-7 under this name (kept in the "
+        "consumer's metadata), resumes that one after a restart, and names its snapshot "
+        "<service>-<instance>.snapshot",
     )
     parser.add_argument(
         "--snapshot-dir",
@@ -320,6 +322,10 @@ async def _keep_snapshots(store: FileSnapshotStore, loop: DeciderLoop, every: in
     saved = loop.projection.last_seq
     while True:
         await asyncio.sleep(SNAPSHOT_CHECK_SECONDS)  # a periodic job: nothing to wait on
+        try:
+            await loop.keep_up()  # a quiet node's partition: its watermark reaches the log's end
+        except Exception:  # a busy or reconnecting server: the next round tries again
+            log.warning("%s: keeping the watermark up failed", loop.service, exc_info=True)
         if loop.projection.last_seq - saved >= every:
             saved = await save_projection(store, loop.projection)
 

@@ -17,7 +17,7 @@ from gpupool.audit.describe import share_text
 from gpupool.audit.state import node_usage as _usage
 from gpupool.cli.times import format_duration
 from gpupool.core import NodeState, PodState, State, gpu_usage, queue_positions, ready_queue
-from gpupool.core.admission_check import REPLAYED
+from gpupool.core.admission_check import REPLAYED, WRONG_NODE
 from gpupool.core.placement import allocated_requests, fits, reservation_gpu
 from gpupool.core.producers import UNKNOWN_PRODUCER, WRONG_PRODUCER, producer_problem
 from gpupool.core.state import GPU_PERCENT
@@ -333,7 +333,7 @@ def verify(entries: Sequence[Entry]) -> VerifyReport:
         for refused in verifier.projection.take_refused():
             report.set_aside.append(SetAside(seq=refused.seq, reason=refused.reason))
             # the other refusals (admission_check) break an invariant checked above already
-            if refused.reason.startswith((REPLAYED, UNKNOWN_PRODUCER, WRONG_PRODUCER)):
+            if refused.reason.startswith((REPLAYED, UNKNOWN_PRODUCER, WRONG_PRODUCER, WRONG_NODE)):
                 pod = event_pod(refused.envelope.event)
                 verifier.violation(entry, "" if pod is None else str(pod), refused.reason)
         if isinstance(entry.envelope.event, PodRegistered):

@@ -25,6 +25,7 @@ from gpupool.gpus import (
     discover_nvml,
     simulated_inventory,
 )
+from gpupool.observability.executor_metrics import card_pids
 
 log = logging.getLogger(__name__)
 
@@ -107,4 +108,5 @@ class ExecutorReadings:
         if self._pod_processes_among is None:
             return self._pod_processes()
         samples = self._scrape_sample = self._sample()
-        return self._pod_processes_among({pid for s in samples for pid in s.process_memory_bytes})
+        # every pid the collector counts: GPU memory holders and, where read, time sharers
+        return self._pod_processes_among({pid for s in samples for pid in card_pids(s)})

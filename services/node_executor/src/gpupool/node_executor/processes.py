@@ -232,15 +232,6 @@ def _in_group(fields: list[str], leader: int) -> bool:
     return state not in ("Z", "X") and leader in (pgrp, session)
 
 
-def members_among(pids: Iterable[int], leader: int) -> frozenset[int]:
-    """Which of ``pids`` are live members of ``leader``'s group or session: one
-    ``/proc/<pid>/stat`` read each, no scan of ``/proc`` (the memory guard asks this of the
-    processes a GPU sample names, a few, however many processes the node runs)."""
-    return frozenset(
-        pid for pid, (group, session) in process_groups(pids).items() if leader in (group, session)
-    )
-
-
 def process_groups(pids: Iterable[int]) -> dict[int, tuple[int, int]]:
     """Each live (non-zombie) pid of ``pids`` with its process group and session: one
     ``/proc/<pid>/stat`` read each."""
