@@ -36,7 +36,8 @@ def refuse_node_config(node: str, gpu_count: int) -> list[Event] | None:
 def refuse_pod_manifest(manifest: PodManifest) -> list[Event] | None:
     """The rejection of a pod whose names or numbers the log cannot hold; None if it can."""
     namespace, name = shortened_pod_ref(manifest.namespace, manifest.name)
-    namespace, name = (text.encode(errors="replace").decode() for text in (namespace, name))
+    namespace = namespace.encode(errors="replace").decode()
+    name = name.encode(errors="replace").decode()
     ref = PodRef(namespace=namespace, name=name)
     bad_node = validate_node_name(manifest.node)
     if bad_node is not None:
