@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from functools import lru_cache
+from itertools import repeat
 
 import msgspec
 
@@ -463,19 +464,21 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
     pods = state.pods
     if not node.qos.backfill and not _room_for(node, pods[node.queue[0][4]].limits):
         return []  # the head is blocked and nobody may pass it: O(GPUs), nothing allocated
-    uuids = {gpu.index: gpu.uuid for gpu in node.gpus}
-    held = node.usage
+    uuids, order = _inventory(node.gpus)
     # only GPUs of the inventory can be chosen (a slot on a vanished one is being released)
-    usage = {index: held.get(index, _NO_SHARE) for index in sorted(uuids)}
+    values = tuple(map(node.usage.get, order, repeat(_NO_SHARE)))
+    usage = dict(zip(order, values, strict=True))
     shares = tuple(node.shares.items())
     events: list[Event] = []
     queue = node.queue
     position = 0
     while position < len(queue):
         head = pods[queue[position][4]]
-        if position and not _fits_some(usage, head.limits):
-            break  # what choose_gpu would find, without building its arguments
-        gpu = _chosen_gpu(tuple(usage.items()), head.limits, None, shares)
+        if position:
+            if not _fits_some(usage, head.limits):
+                break  # what choose_gpu would find, without building its arguments
+            values = tuple(usage.values())
+        gpu = _chosen_gpu(order, values, head.limits, None, shares)
         if gpu is None:
             break
         events.append(Assigned(pod=head.ref, node=node_name, gpu_index=gpu, gpu_uuid=uuids[gpu]))
@@ -486,7 +489,7 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
         reserved = reservation_gpu(usage, head, state.pods_on(node_name))
         for key in queue[position + 1 :]:
             pod = pods[key[4]]
-            gpu = _chosen_gpu(tuple(usage.items()), pod.limits, reserved, shares)
+            gpu = _chosen_gpu(order, tuple(usage.values()), pod.limits, reserved, shares)
             if gpu is None:
                 continue
             events.append(Assigned(pod=pod.ref, node=node_name, gpu_index=gpu, gpu_uuid=uuids[gpu]))
@@ -495,6 +498,24 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
 
 
 _NO_SHARE = Share(core=0, memory=0)
+
+_INVENTORIES: dict[int, tuple[tuple[GpuInfo, ...], dict[int, str], tuple[int, ...]]] = {}
+
+
+def _inventory(gpus: tuple[GpuInfo, ...]) -> tuple[dict[int, str], tuple[int, ...]]:
+    """A node's inventory as ``schedule`` reads it: each GPU's UUID by index, and the indexes
+    in order. Memoised on the inventory tuple itself (a node keeps the one its last
+    GpuInventoryReported brought): a pure function of it, and the caller never mutates it."""
+    found = _INVENTORIES.get(id(gpus))
+    if found is not None and found[0] is gpus:
+        return found[1], found[2]
+    uuids = {gpu.index: gpu.uuid for gpu in gpus}
+    order = tuple(sorted(uuids))
+    if len(_INVENTORIES) >= 4096:
+        _INVENTORIES.clear()
+    _INVENTORIES[id(gpus)] = (gpus, uuids, order)  # the tuple held: its id is not reused
+    return uuids, order
+
 
 NodeShares = tuple[tuple[Share, int], ...]
 """A node's workload as ``NodeState.shares`` holds it: (limits share, pods with it)."""
@@ -507,19 +528,28 @@ def _node_workload(shares: NodeShares) -> Workload:
 
 @lru_cache(maxsize=4096)
 def _chosen_gpu(
-    usage: tuple[tuple[int, Share], ...], want: Share, exclude: int | None, shares: NodeShares
+    order: tuple[int, ...],
+    used: tuple[Share, ...],
+    want: Share,
+    exclude: int | None,
+    shares: NodeShares,
 ) -> int | None:
-    """``choose_gpu`` with the node's workload, memoised: a pure function of its arguments, and
-    a node's usage takes the same few shapes again and again (the fragmentation measure is
-    most of a decision that assigns)."""
-    return choose_gpu(dict(usage), want, exclude=exclude, workload=_node_workload(shares))
+    """``choose_gpu`` with the node's workload, memoised: a pure function of its arguments
+    (the usage of the GPUs ``order`` names, ``used`` in that order), and a node's usage takes
+    the same few shapes again and again (the fragmentation measure is most of a decision
+    that assigns)."""
+    usage = dict(zip(order, used, strict=True))
+    return choose_gpu(usage, want, exclude=exclude, workload=_node_workload(shares))
 
 
 def _fits_some(usage: dict[int, Share], want: Share) -> bool:
     """Whether ``want`` fits (``fits``) on any GPU of ``usage``."""
     core_left = GPU_PERCENT - want.core
     memory_left = GPU_PERCENT - want.memory
-    return any(used.core <= core_left and used.memory <= memory_left for used in usage.values())
+    for used in usage.values():  # noqa: SIM110 (a plain loop: no generator to start each time)
+        if used.core <= core_left and used.memory <= memory_left:
+            return True
+    return False
 
 
 def _room_for(node: NodeState, want: Share) -> bool:
@@ -527,6 +557,14 @@ def _room_for(node: NodeState, want: Share) -> bool:
     core_left = GPU_PERCENT - want.core
     memory_left = GPU_PERCENT - want.memory
     usage = node.usage
+    uuids, order = _inventory(node.gpus)
+    if len(usage) == len(order) and usage.keys() <= uuids.keys():
+        # every GPU of the inventory has pods running (a full node, as when the head is
+        # blocked): its usage is exactly the index's values
+        for used in usage.values():  # noqa: SIM110 (a plain loop, as in _fits_some)
+            if used.core <= core_left and used.memory <= memory_left:
+                return True
+        return False
     for gpu in node.gpus:
         used = usage.get(gpu.index, _NO_SHARE)
         if used.core <= core_left and used.memory <= memory_left:

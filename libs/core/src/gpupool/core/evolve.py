@@ -144,12 +144,29 @@ def _queue_key(pod: PodState) -> QueueKey:
 
 
 def _add_usage(node: NodeState, index: int, share: Share, sign: int) -> None:
-    held = node.usage.get(index, _NO_SHARE)
-    total = Share(core=held.core + sign * share.core, memory=held.memory + sign * share.memory)
-    if total == _NO_SHARE:
-        node.usage.pop(index, None)
+    usage = node.usage
+    held = usage.get(index, _NO_SHARE)
+    core = held.core + sign * share.core
+    memory = held.memory + sign * share.memory
+    if core == 0 and memory == 0:
+        usage.pop(index, None)
     else:
-        node.usage[index] = total
+        usage[index] = _share(core, memory)
+
+
+_SHARES: dict[tuple[int, int], Share] = {}
+
+
+def _share(core: int, memory: int) -> Share:
+    """``Share(core=core, memory=memory)``, one instance per value (the usage index holds the
+    same few sums again and again: equal shares that are one object compare and hash at
+    once in the decisions' memo keys)."""
+    found = _SHARES.get((core, memory))
+    if found is None:
+        if len(_SHARES) >= 65536:
+            _SHARES.clear()
+        found = _SHARES[(core, memory)] = Share(core=core, memory=memory)
+    return found
 
 
 def _index(node: NodeState, pod: PodState) -> None:
@@ -167,6 +184,9 @@ def _unindex(node: NodeState, pod: PodState) -> None:
     if phase == "ready":
         key = _queue_key(pod)
         queue = node.queue
+        if queue and queue[0] == key:  # most often the head (it was just assigned)
+            del queue[0]
+            return
         at = bisect_left(queue, key)
         if at < len(queue) and queue[at] == key:
             del queue[at]

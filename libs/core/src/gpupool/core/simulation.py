@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Literal, cast
 
 import msgspec
 
@@ -165,6 +165,8 @@ class Simulator:
             PodRef(namespace=p.namespace, name=p.name) for p in scenario.pods if p.requeue
         }
         self._correlation = "setup"
+        self._node_commands: dict[str, tuple[Schedule, PlanPreemption]] = {}
+        """Each node's Schedule and PlanPreemption (the same frozen commands, made once)."""
         self._pod_nodes: dict[PodRef, str] = {}
         """Each scenario pod's node (the first pod of a name, as the scenario lists them)."""
         for pod in scenario.pods:
@@ -203,16 +205,29 @@ class Simulator:
 
     # -- the services' reactions to a node's events
     def _settle(self, node: str, now: datetime) -> None:
+        commands = self._node_commands.get(node)
+        if commands is None:
+            commands = self._node_commands[node] = (Schedule(node=node), PlanPreemption(node=node))
+        schedule, plan = commands
+        state, runs_for = self.state, self._runs_for
         while True:
-            assigned = self._run(Schedule(node=node), now)
-            for event in assigned:
-                if isinstance(event, Assigned) and event.pod in self._runs_for:
-                    self._completion_due[event.pod] = len(self.log)
-                    self._timer(
-                        now + timedelta(seconds=self._runs_for[event.pod]),
-                        _Completion(pod=event.pod, node=node, token=len(self.log)),
-                    )
-            preempted = self._run(PlanPreemption(node=node), now)
+            assigned = decide(state, schedule, now)
+            if assigned:
+                self._emit(assigned, now)
+                for event in assigned:
+                    if type(event) is Assigned and event.pod in runs_for:
+                        self._completion_due[event.pod] = len(self.log)
+                        self._timer(
+                            now + timedelta(seconds=runs_for[event.pod]),
+                            _Completion(pod=event.pod, node=node, token=len(self.log)),
+                        )
+            preempted = decide(state, plan, now)
+            if not preempted:
+                # Nothing more to decide: the Schedule served the queue until its head was
+                # blocked on the state its own Assigned make (folded above: a Schedule now would
+                # decide nothing), and PlanPreemption saw that very state.
+                break
+            self._emit(preempted, now)
             for event in preempted:
                 if isinstance(event, Preempted):
                     # the victim's run is over: its completion timer goes with it
@@ -224,12 +239,7 @@ class Simulator:
                         isinstance(r, Released) for r in released
                     ):
                         self._run(RequestGpu(pod=event.victim, node=node), now)
-            if not preempted:
-                # Nothing more to decide: the Schedule served the queue until its head was
-                # blocked on the state its own Assigned make (folded above: a Schedule now would
-                # decide nothing), and PlanPreemption saw that very state.
-                break
-        check = next_preemption_check(self.state, node, now)
+        check = next_preemption_check(state, node, now)
         if check is not None and (node, check) not in self._checks_due:
             self._checks_due.add((node, check))
             self._timer(check, _PreemptionCheck(node=node))
@@ -263,8 +273,10 @@ class Simulator:
             if pod.node not in known_nodes:
                 raise ScenarioError(f"pod {pod.name!r}: node {pod.node!r} is not in nodes")
             self._run(RegisterPod(manifest=pod_manifest(pod)), start)
+        timers = self._timers
         for index, action in enumerate(self.scenario.timeline):
-            self._timer(start + timedelta(seconds=action.at), action)
+            self._timer_seq += 1  # as _timer, heapified once below (the same order of pops)
+            timers.append((start + timedelta(seconds=action.at), self._timer_seq, action))
             if (
                 action.pod is not None
                 and PodRef(namespace=action.namespace, name=action.pod) not in self._pod_nodes
@@ -272,21 +284,21 @@ class Simulator:
                 raise ScenarioError(
                     f"timeline[{index}]: pod {action.namespace}/{action.pod} is not in pods"
                 )
+        heapq.heapify(timers)
         index = 0
         while self._timers:
             now, _, timer = heapq.heappop(self._timers)
             index += 1
             self._correlation = f"step-{index}"
-            match timer:
-                case ScenarioAction():
-                    self._act(timer, now)
-                case _PreemptionCheck():
-                    self._checks_due.discard((timer.node, now))
+            if type(timer) is _Completion:  # by exact type: the timers are final structs
+                if self._completion_due.get(timer.pod) == timer.token:
+                    self._release(timer.pod, timer.node, "completed", 0, now)
                     self._settle(timer.node, now)
-                case _Completion():
-                    if self._completion_due.get(timer.pod) == timer.token:
-                        self._release(timer.pod, timer.node, "completed", 0, now)
-                        self._settle(timer.node, now)
+            elif type(timer) is _PreemptionCheck:
+                self._checks_due.discard((timer.node, now))
+                self._settle(timer.node, now)
+            else:  # the scenario's own actions
+                self._act(cast(ScenarioAction, timer), now)
         return self.log
 
     def _act(self, action: ScenarioAction, now: datetime) -> None:
@@ -319,7 +331,12 @@ class Simulator:
                     events += self._release(ref, pod_node, "cancelled", None, now)
             case "set-policy":
                 events = []
-        for node in sorted({event_node(e) for e in events} | {pod_node}):
+        nodes = {event_node(e) for e in events}
+        if not nodes or (len(nodes) == 1 and pod_node in nodes):
+            self._settle(pod_node, now)  # the common case: one node, the pod's own
+            return
+        nodes.add(pod_node)
+        for node in sorted(nodes):
             self._settle(node, now)
 
     def _release(

@@ -78,14 +78,17 @@ def validate_pod(manifest: PodManifest) -> PodSpec | Rejection:
             reason="InvalidSharePolicy",
             message=f"label {POLICY_LABEL} is {policy!r}; it must be 'share-pool' or 'static'",
         )
-    sharing = [c for c in manifest.containers if _asks_share(c)]
+    sharing: list[ContainerResources] = []
     for container in manifest.containers:
-        if _asks_share(container) and _asks(container, EXCLUSIVE_GPU_RESOURCE):
+        if not _asks_share(container):
+            continue
+        if _asks(container, EXCLUSIVE_GPU_RESOURCE):
             return Rejection(
                 reason="MixedExclusiveAndShare",
                 message=f"container {container.name!r} asks for both {EXCLUSIVE_GPU_RESOURCE} "
                 "and GPU-share resources; use one or the other",
             )
+        sharing.append(container)
     if not sharing:
         return Rejection(
             reason="NoGpuShareContainer",
@@ -147,7 +150,14 @@ def _asks(container: ContainerResources, resource: str) -> bool:
 
 
 def _asks_share(container: ContainerResources) -> bool:
-    return any(_asks(container, r) for r in SHARE_RESOURCES)
+    """Whether it asks for any of ``SHARE_RESOURCES`` (spelt out: it runs per registration)."""
+    requests, limits = container.requests, container.limits
+    return (
+        CORE_RESOURCE in requests
+        or CORE_RESOURCE in limits
+        or MEMORY_RESOURCE in requests
+        or MEMORY_RESOURCE in limits
+    )
 
 
 def _percentage(value: str | int) -> int | str:
