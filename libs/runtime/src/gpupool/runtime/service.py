@@ -18,7 +18,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 from prometheus_client import CollectorRegistry
@@ -299,7 +299,7 @@ async def run_service(
         failing = asyncio.create_task(loop.failed.wait())
         await asyncio.wait({consumer, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         for task in (consumer, stopping, failing):
-            task.cancel()
+            await _cancelled(task)
             with suppress(asyncio.CancelledError):
                 await task  # re-raises what ended the consumer, if anything did
         if loop.failure is not None:
@@ -308,6 +308,19 @@ async def run_service(
 
 
 SNAPSHOT_CHECK_SECONDS = 5.0
+
+CANCEL_AGAIN_SECONDS = 1.0
+"""How long a cancelled task may take to end before it is cancelled again."""
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` until it has ended. One cancellation can be lost: on Python 3.11 the
+    ``asyncio.wait_for`` inside nats-py's requests swallows a cancellation that arrives as
+    the reply does (a service stopped while its consumer was claiming its durable then
+    waited for deliveries for ever)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_AGAIN_SECONDS)
 
 
 def _other_nodes(projection: Projection, node: str) -> set[str]:
