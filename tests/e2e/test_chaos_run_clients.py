@@ -226,14 +226,32 @@ def marked_processes() -> dict[int, str]:
     return found
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 async def leftovers(within: float = 10.0) -> dict[int, str]:
     """The marked processes still alive ``within`` seconds after the stack stopped (processes
     that are exiting get that long to go)."""
-    give_up_at = time.monotonic() + within
-    # /proc has no event to wait on: poll it, bounded
-    while (found := marked_processes()) and time.monotonic() < give_up_at:  # noqa: ASYNC110
-        await asyncio.sleep(0.2)
-    return found
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + within
+    for pid in marked_processes():
+        try:
+            pidfd = os.pidfd_open(pid)  # readable once the process has exited
+        except ProcessLookupError:
+            continue  # gone already
+        exited: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(pidfd, _settle, exited)
+        try:
+            async with asyncio.timeout_at(give_up_at):
+                await exited
+        except TimeoutError:
+            break  # the ones still alive are reported below
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+    return marked_processes()
 
 
 async def test_every_client_is_told_its_true_outcome_through_50_random_kills(

@@ -528,17 +528,28 @@ async def test_a_durable_nobody_pulls_from_expires_and_no_longer_holds_a_purge_b
         waiting_too.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting_too
+        # the server announces each consumer it deletes (an advisory): wait on those
+        advisories = await nats.connect(nats_url)
+        deleted: asyncio.Queue[object] = asyncio.Queue()
+
+        async def on_deleted(msg: object) -> None:
+            await deleted.put(msg)
+
+        await advisories.subscribe(
+            f"$JS.EVENT.ADVISORY.CONSUMER.DELETED.{jetstream_log.stream}.*", cb=on_deleted
+        )
+        await advisories.flush()
         await gone.aclose()  # the replica that went away; `running` waits for more
         await replicas.pop("gone").close()
         try:
             async with asyncio.timeout(30):
-                # polling the server's list: the server tells nobody it deleted a consumer
-                while "admission-queue-gone" in await durables_of(nats_url, jetstream_log):  # noqa: ASYNC110
-                    await asyncio.sleep(0.2)
+                while "admission-queue-gone" in await durables_of(nats_url, jetstream_log):
+                    await deleted.get()
             assert await durables_of(nats_url, jetstream_log) == ["admission-queue-running"]
             assert not waiting.done()  # its subscriber was never told anything
             assert await cli(*purge, "--snapshot", str(snapshot)) == 0
         finally:
+            await advisories.close()
             waiting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await waiting
