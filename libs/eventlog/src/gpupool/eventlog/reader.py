@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -32,9 +33,15 @@ DEFAULT_STREAM = "GPUPOOL"
 BUFFER = 4096
 """Entries buffered between the subscription and the reader (flow control holds the rest)."""
 
+logger = logging.getLogger(__name__)
+
 
 class StreamMissing(LookupError):
     """The stream does not exist (a read-only reader does not create it)."""
+
+
+async def _connection_error(error: Exception) -> None:
+    logger.debug("NATS connection error: %r", error)
 
 
 class RawMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,7 +80,11 @@ class ReadOnlyLog:
     ) -> Self:
         """``user``: the NATS user the credential is of (its own replay consumers are read
         through when the server has permissions)."""
-        options: dict[str, Any] = {"name": name, "max_reconnect_attempts": -1}
+        options: dict[str, Any] = {
+            "name": name,
+            "max_reconnect_attempts": -1,
+            "error_cb": _connection_error,  # one line, not nats-py's traceback per attempt
+        }
         options.update(connect_options(credentials, tls_ca))
         try:
             async with asyncio.timeout(connect_timeout):
