@@ -36,6 +36,7 @@ from nats.js import api
 
 from gpupool.eventlog.credentials import connect_options
 from gpupool.eventlog.durables import CLAIMANT, SLOT_INACTIVE_SECONDS, durable_names
+from gpupool.eventlog.log_client import LogClient
 from gpupool.eventlog.named_replay import named_replay
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
@@ -945,16 +946,17 @@ async def _connect(
     events: _ConnectionEvents,
     options: dict[str, Any] | None = None,
 ) -> NatsClient:
+    client = LogClient()
     try:
-        return await asyncio.wait_for(
-            nats.connect(
+        await asyncio.wait_for(
+            client.connect(
                 url,
                 name=name,
                 error_cb=events.error,
                 disconnected_cb=events.disconnected,
                 reconnected_cb=events.reconnected,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
+                reconnect_time_wait=0.5,  # type: ignore[arg-type]  # nats-py takes seconds as float
                 connect_timeout=2,
                 **(options or {}),
             ),
@@ -964,3 +966,4 @@ async def _connect(
         raise ConnectionError(
             f"no NATS server answered at {url} within {wait_for_server}s"
         ) from exc
+    return client

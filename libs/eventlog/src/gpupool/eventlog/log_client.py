@@ -1,0 +1,109 @@
+"""nats-py's client with *raw subscriptions*: deliveries handed over as bytes, at once.
+
+A plain nats-py subscription pays, for every message, a parse of its header block into
+a dict (name by name, character by character), a ``Msg`` object with its subject and
+reply decoded, a put into the subscription's queue and a task switch to the task that
+calls the callback. The log's hot paths need none of that: a durable's delivery is
+its reply subject (the stream sequence, the ack), its subject and its bytes; its stored
+headers (``Nats-Msg-Id``, the expectations) are never read there; only a status
+(heartbeat, expired pull) must be told apart, and that is the header block's first
+line.
+
+:class:`LogClient` is nats-py's ``Client`` (same connect options, reconnects,
+JetStream context, TLS, credentials) where :meth:`LogClient.raw_subscribe` registers a
+synchronous *sink* for a subscription: the reader loop calls it with the undecoded
+parts of every message of that subscription, and nothing else is done for it. Every
+other subscription is nats-py's own.
+
+The sink runs inside the client's reader loop: it must not block and must not raise
+(an exception would end the reader loop); it should append to a buffer and wake a
+waiter. :func:`inline_status` reads a status message's code from the header block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+
+RawSink = Callable[[bytes, bytes, bytes, bytes | None], None]
+"""``sink(subject, reply, data, headers)``: the undecoded parts of one message; ``headers``
+is the raw header block (``NATS/1.0 …\\r\\n…``) or None."""
+
+_STATUS_LINE = b"NATS/1.0 "
+
+
+def inline_status(headers: bytes | None) -> bytes | None:
+    """A status message's three-digit code (``b"100"``, ``b"404"``, …), None for a plain one.
+
+    The server writes a status on the header block's first line (``NATS/1.0 408 Request
+    Timeout``); a message with stored headers only starts ``NATS/1.0\\r\\n``.
+    """
+    if headers is None or not headers.startswith(_STATUS_LINE):
+        return None
+    return headers[9:12]
+
+
+def status_description(headers: bytes) -> str:
+    """The text after a status code on the first line (``Request Timeout``), or ''."""
+    first = headers.split(b"\r\n", 1)[0]
+    return first[13:].decode("utf-8", "replace").strip()
+
+
+def header_value(headers: bytes | None, name: str) -> str | None:
+    """One header's value from a raw header block (for the rare message that needs one)."""
+    if not headers:
+        return None
+    wanted = name.lower().encode("ascii")
+    for line in headers.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == wanted:
+            return value.strip().decode("utf-8", "replace")
+    return None
+
+
+async def _never_called(msg: Any) -> None:  # pragma: no cover - a raw sid never reaches it
+    raise AssertionError("a raw subscription's message reached nats-py's callback")
+
+
+class LogClient(Client):
+    """A nats-py client whose raw subscriptions skip the per-message machinery."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._raw_sinks: dict[int, RawSink] = {}
+
+    async def raw_subscribe(self, subject: str, sink: RawSink) -> Subscription:
+        """Subscribe ``subject`` with ``sink`` called for each message (see the module).
+
+        The returned subscription is nats-py's: ``unsubscribe()`` ends it, and a reconnect
+        subscribes it again, as any other.
+        """
+        subscription = await self.subscribe(subject, cb=_never_called)
+        self._raw_sinks[subscription._id] = sink
+        return subscription
+
+    def drop_raw(self, subscription: Subscription) -> None:
+        """Forget a raw subscription's sink (after ``unsubscribe``)."""
+        self._raw_sinks.pop(subscription._id, None)
+
+    async def _process_msg(
+        self,
+        sid: int,
+        subject: bytes,
+        reply: bytes,
+        data: bytes,
+        headers: bytes | None,
+    ) -> None:
+        sink = self._raw_sinks.get(sid)
+        if sink is None:
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+            return
+        if sid not in self._subs:  # unsubscribed: late messages are dropped, as nats-py does
+            del self._raw_sinks[sid]
+            return
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        sink(subject, reply, data, headers)
