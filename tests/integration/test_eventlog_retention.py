@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import shutil
-import uuid
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -19,6 +18,7 @@ import msgspec
 import nats
 import pytest
 import yaml
+from log_streams import delete_stream, unique_stream
 
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.cli.main import main
@@ -38,21 +38,6 @@ from gpupool.runtime.snapshot import decode_snapshot, encode_snapshot
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def unique_stream() -> tuple[str, str]:
-    """A fresh stream name and the subject prefix it owns (the tests' conftest has the same:
-    importing it by name is ambiguous once tests/compose has a conftest of its own)."""
-    token = uuid.uuid4().hex[:12]
-    return f"TEST_{token}", f"test_{token}.log"
-
-
-async def delete_stream(nats_url: str, stream: str) -> None:
-    nc = await nats.connect(nats_url)
-    try:
-        await nc.jetstream().delete_stream(stream)
-    finally:
-        await nc.close()
 
 
 def worked_example() -> list[Envelope]:

@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
+from log_streams import delete_stream
 
 from gpupool.core import RemovePod, ReportRelease, RequestGpu, Schedule, State
 from gpupool.eventlog import InMemoryEventLog, JetStreamEventLog
@@ -168,14 +168,6 @@ class Watched:
         while not holds(self.loop.projection.state):
             self.changed.clear()
             await self.changed.wait()
-
-
-async def delete_stream(nats_url: str, stream: str) -> None:
-    nc = await nats.connect(nats_url)
-    try:
-        await nc.jetstream().delete_stream(stream)
-    finally:
-        await nc.close()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 import nats
 import pytest
+from log_streams import delete_stream, unique_stream
 
 from gpupool.eventlog import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
@@ -30,21 +31,6 @@ pytestmark = pytest.mark.integration
 T0 = datetime(2025, 4, 22, 8, 0, tzinfo=UTC)
 ACK_WAIT_S = 1.0
 WAIT_S = 15.0
-
-
-def unique_stream() -> tuple[str, str]:
-    """A fresh stream name and the subject prefix it owns (as the tests' conftest has it:
-    importing that by name is ambiguous once tests/compose has a conftest of its own)."""
-    token = uuid.uuid4().hex[:12]
-    return f"TEST_{token}", f"test_{token}.log"
-
-
-async def delete_stream(nats_url: str, stream: str) -> None:
-    nc = await nats.connect(nats_url)
-    try:
-        await nc.jetstream().delete_stream(stream)
-    finally:
-        await nc.close()
 
 
 def envelope(event: Event) -> Envelope:
