@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from gpupool.core.fragmentation import NodeFree, Task, Workload, fragmentation
+from gpupool.core.fragmentation import (
+    Task,
+    Workload,
+    expected_fragment,
+    expected_fragment_after,
+    group_fragments,
+)
 from gpupool.core.state import GPU_PERCENT, NodeState, PodState, State
 from gpupool.events import PodRef, Share
 
@@ -110,25 +116,36 @@ def choose_gpu(
     candidate with the lowest fragmentation gradient for it, then the fullest, then the
     lowest index. Without one: the fullest, then the lowest index (best fit).
     """
-    candidates = [index for index in sorted(usage) if index != exclude and fits(usage[index], want)]
+    order = sorted(usage)
+    core_left = GPU_PERCENT - want.core  # fits(used, want), the two sums compared once
+    memory_left = GPU_PERCENT - want.memory
+    candidates = [
+        index
+        for index in order
+        if index != exclude
+        and (used := usage[index]).core <= core_left
+        and used.memory <= memory_left
+    ]
     if not candidates:
         return None
     if not workload:
         return min(candidates, key=lambda index: (-_fullness(usage[index]), index))
-    order = sorted(usage)
-    position = {index: at for at, index in enumerate(order)}
-    free = tuple(subtract(WHOLE_GPU, usage[index]) for index in order)
-    before = fragmentation(NodeFree(cpu_milli=UNBOUNDED, memory_mib=UNBOUNDED, gpus=free), workload)
+    # The gradient of each candidate, as fragmentation(after) - fragmentation(before) of the
+    # node seen with unbounded CPU and memory: the per-group fragments are integers, so the
+    # node after is the node before with one GPU's terms moved, and the expected values are
+    # the very floats fragmentation() computes (expected_fragment, expected_fragment_after).
+    before = group_fragments([subtract(WHOLE_GPU, usage[index]) for index in order], workload)
+    before_value = expected_fragment(before, workload, UNBOUNDED, UNBOUNDED)
     gradients: dict[Share, float] = {}
 
     def key(index: int) -> tuple[float, int, int]:
         used = usage[index]
-        if used not in gradients:
-            after = list(free)
-            after[position[index]] = subtract(after[position[index]], want)
-            node = NodeFree(cpu_milli=UNBOUNDED, memory_mib=UNBOUNDED, gpus=tuple(after))
-            gradients[used] = round(fragmentation(node, workload) - before, 9)
-        return (gradients[used], -_fullness(used), index)
+        gradient = gradients.get(used)
+        if gradient is None:
+            free = subtract(WHOLE_GPU, used)
+            value = expected_fragment_after(before, workload, free, want, UNBOUNDED, UNBOUNDED)
+            gradient = gradients[used] = round(value - before_value, 9)
+        return (gradient, -_fullness(used), index)
 
     return min(candidates, key=key)
 

@@ -18,14 +18,14 @@ import msgspec
 from gpupool.core.decide import (
     Command,
     ConfigureNode,
-    PlanPreemption,
     RegisterPod,
     RemovePod,
     ReportInventory,
     ReportRelease,
     RequestGpu,
-    Schedule,
     decide,
+    plan_node_preemption,
+    schedule,
 )
 from gpupool.core.evolve import evolve
 from gpupool.core.preemption import next_preemption_check
@@ -156,6 +156,10 @@ class Simulator:
         self.state = State()
         self.log: list[Envelope] = []
         self._timers: list[tuple[datetime, int, _Timer]] = []
+        """The timers set while running (completions, preemption checks): a heap."""
+        self._timeline: list[tuple[datetime, int, _Timer]] = []
+        """The scenario's own actions, sorted: merged with the heap by the same key (time,
+        then the order they were set in), so the heap holds only what is pending."""
         self._timer_seq = 0
         self._runs_for: dict[PodRef, float] = {}
         self._checks_due: set[tuple[str, datetime]] = set()
@@ -165,8 +169,6 @@ class Simulator:
             PodRef(namespace=p.namespace, name=p.name) for p in scenario.pods if p.requeue
         }
         self._correlation = "setup"
-        self._node_commands: dict[str, tuple[Schedule, PlanPreemption]] = {}
-        """Each node's Schedule and PlanPreemption (the same frozen commands, made once)."""
         self._pod_nodes: dict[PodRef, str] = {}
         """Each scenario pod's node (the first pod of a name, as the scenario lists them)."""
         for pod in scenario.pods:
@@ -182,17 +184,20 @@ class Simulator:
                 f"(simulated time {now.isoformat()}); raise max_events if that is expected"
             )
         log, state, correlation = self.log, self.state, self._correlation
+        append = log.append
+        count = len(log)
         cause = log[-1].id if log else ""
         for event in events:
+            count += 1
             envelope = Envelope(
-                id=f"sim-{len(log) + 1:08d}",
+                id=f"sim-{count:08d}",
                 time=now,
                 event=event,
                 correlation_id=correlation,
                 causation_id=cause,
             )
             evolve(state, envelope)
-            log.append(envelope)
+            append(envelope)
             cause = envelope.id
         return events
 
@@ -205,13 +210,11 @@ class Simulator:
 
     # -- the services' reactions to a node's events
     def _settle(self, node: str, now: datetime) -> None:
-        commands = self._node_commands.get(node)
-        if commands is None:
-            commands = self._node_commands[node] = (Schedule(node=node), PlanPreemption(node=node))
-        schedule, plan = commands
+        # decide(state, Schedule(node=node)) and decide(state, PlanPreemption(node=node)),
+        # without the command and its dispatch
         state, runs_for = self.state, self._runs_for
         while True:
-            assigned = decide(state, schedule, now)
+            assigned = schedule(state, node, now)
             if assigned:
                 self._emit(assigned, now)
                 for event in assigned:
@@ -221,7 +224,7 @@ class Simulator:
                             now + timedelta(seconds=runs_for[event.pod]),
                             _Completion(pod=event.pod, node=node, token=len(self.log)),
                         )
-            preempted = decide(state, plan, now)
+            preempted = plan_node_preemption(state, node, now)
             if not preempted:
                 # Nothing more to decide: the Schedule served the queue until its head was
                 # blocked on the state its own Assigned make (folded above: a Schedule now would
@@ -273,10 +276,10 @@ class Simulator:
             if pod.node not in known_nodes:
                 raise ScenarioError(f"pod {pod.name!r}: node {pod.node!r} is not in nodes")
             self._run(RegisterPod(manifest=pod_manifest(pod)), start)
-        timers = self._timers
+        timeline = self._timeline
         for index, action in enumerate(self.scenario.timeline):
-            self._timer_seq += 1  # as _timer, heapified once below (the same order of pops)
-            timers.append((start + timedelta(seconds=action.at), self._timer_seq, action))
+            self._timer_seq += 1  # as _timer: the same key, sorted once below
+            timeline.append((start + timedelta(seconds=action.at), self._timer_seq, action))
             if (
                 action.pod is not None
                 and PodRef(namespace=action.namespace, name=action.pod) not in self._pod_nodes
@@ -284,10 +287,20 @@ class Simulator:
                 raise ScenarioError(
                     f"timeline[{index}]: pod {action.namespace}/{action.pod} is not in pods"
                 )
-        heapq.heapify(timers)
+        timeline.sort()  # (time, seq): seq is unique, so the actions never compare
+        timers, pop = self._timers, heapq.heappop
+        due, last = 0, len(timeline)
         index = 0
-        while self._timers:
-            now, _, timer = heapq.heappop(self._timers)
+        while True:
+            # the earlier of the next action and the first timer: the order one heap of both
+            # would pop them in
+            if timers and (due == last or timers[0] < timeline[due]):
+                now, _, timer = pop(timers)
+            elif due < last:
+                now, _, timer = timeline[due]
+                due += 1
+            else:
+                break
             index += 1
             self._correlation = f"step-{index}"
             if type(timer) is _Completion:  # by exact type: the timers are final structs
@@ -331,10 +344,13 @@ class Simulator:
                     events += self._release(ref, pod_node, "cancelled", None, now)
             case "set-policy":
                 events = []
-        nodes = {event_node(e) for e in events}
-        if not nodes or (len(nodes) == 1 and pod_node in nodes):
+        for event in events:
+            if event_node(event) != pod_node:
+                break
+        else:
             self._settle(pod_node, now)  # the common case: one node, the pod's own
             return
+        nodes = {event_node(e) for e in events}
         nodes.add(pod_node)
         for node in sorted(nodes):
             self._settle(node, now)
