@@ -200,7 +200,7 @@ def measure(waiting: int) -> list[Row]:
 
 ASSIGNING_NODES = ((1, 0), (1, 3), (16, 0), (16, 15), (16, 60))
 """(GPUs, other pods running) of the assigning-decision rows."""
-ASSIGNING_REPEATS = 3000
+ASSIGNING_REPEATS = 1500
 
 
 def assigning_state(gpus: int, others: int) -> tuple[State, Envelope, Envelope]:
@@ -277,13 +277,25 @@ def _clear_memos(workload: bool) -> None:
 def assigning_decision(gpus: int, others: int, memo: str) -> tuple[float, float]:
     """CPU µs of one assigning decision as the admission-queue makes it on its live state:
     ``decide(state, Schedule(node))`` (the head fits: one Assigned) and ``evolve`` of the
-    Assigned; median over ASSIGNING_REPEATS, and that median's decide part.
+    Assigned, and decide alone: the lowest of ROUNDS medians over ASSIGNING_REPEATS decisions
+    (each timed on its own: a clock read is about 1 µs of it).
 
     ``memo``: "fresh" (the GPU-choice memo cleared before each decision: the first sight of
     the node's usage, as in a live service), "cold" (the node-workload memo too, as after a
     pod registered), "warm" (nothing cleared: the usage seen before)."""
     state, released, ready = assigning_state(gpus, others)
     command = Schedule(node="assign-node")
+    best: tuple[float, float] | None = None
+    for _ in range(ROUNDS):
+        measured = _assigning_round(state, command, released, ready, memo)
+        best = measured if best is None else min(best, measured)
+    assert best is not None
+    return best
+
+
+def _assigning_round(
+    state: State, command: Schedule, released: Envelope, ready: Envelope, memo: str
+) -> tuple[float, float]:
     totals: list[float] = []
     decides: list[float] = []
     clock = time.process_time
@@ -308,7 +320,10 @@ def assigning_decision(gpus: int, others: int, memo: str) -> tuple[float, float]
 
 def print_assigning() -> None:
     print("one assigning decision on a live state: decide(Schedule) + evolve(Assigned), cpu us")
-    print(f"(median of {ASSIGNING_REPEATS}; the head fits, one Assigned; limits 10-50 running)")
+    print(
+        f"(lowest of {ROUNDS} medians of {ASSIGNING_REPEATS}; the head fits, one Assigned; "
+        "limits 10-50 running)"
+    )
     print()
     header = (
         f"{'GPUs':>4}  {'running':>7}  {'fresh memo':>16}  {'cold (+workload)':>16}  "

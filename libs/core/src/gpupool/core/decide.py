@@ -25,6 +25,7 @@ from gpupool.core.input_bounds import refuse_node_config, refuse_pod_manifest
 from gpupool.core.placement import (
     add,
     choose_gpu,
+    choose_gpu_in_order,
     reservation_gpu,
     static_usage,
 )
@@ -569,8 +570,7 @@ def _chosen_gpu(
     (the usage of the GPUs ``order`` names, ``used`` in that order), and a node's usage takes
     the same few shapes again and again (the fragmentation measure is most of a decision
     that assigns)."""
-    usage = dict(zip(order, used, strict=True))
-    return choose_gpu(usage, want, exclude=exclude, workload=_node_workload(shares))
+    return choose_gpu_in_order(order, used, want, exclude, _node_workload(shares))
 
 
 def _fits_some(usage: Iterable[Share], want: Share) -> bool:

@@ -249,24 +249,33 @@ class GroupFragments(msgspec.Struct, frozen=True):
     fragments: tuple[int, ...]
 
 
-def group_fragments(gpus: Sequence[Share], workload: Workload) -> GroupFragments:
+def group_fragments(gpus: Iterable[Share], workload: Workload) -> GroupFragments:
     """``GroupFragments`` of GPUs whose free shares are ``gpus``."""
-    total = 0
-    whole = 0
+    distinct: dict[tuple[int, int], int] = {}
     for gpu in gpus:
-        total += gpu.core
-        if gpu.core == GPU_PERCENT and gpu.memory == GPU_PERCENT:
-            whole += 1
+        key = (gpu.core, gpu.memory)
+        distinct[key] = distinct.get(key, 0) + 1
+    return distinct_group_fragments(distinct, workload)
+
+
+def distinct_group_fragments(
+    distinct: Mapping[tuple[int, int], int], workload: Workload
+) -> GroupFragments:
+    """``GroupFragments`` of GPUs given as how many have each free (compute, memory)."""
+    total = 0
+    for (core, _), count in distinct.items():
+        total += core * count
+    whole = distinct.get((GPU_PERCENT, GPU_PERCENT), 0)
     fragments: list[int] = []
     for group in workload.groups:
         if group.gpus == 0:
             fragments.append(0)
         elif group.gpus == 1:
-            core, memory = group.core, group.memory
+            least_core, least_memory = group.core, group.memory
             fragment = 0
-            for gpu in gpus:
-                if gpu.core < core or gpu.memory < memory:
-                    fragment += gpu.core
+            for (core, memory), count in distinct.items():
+                if core < least_core or memory < least_memory:
+                    fragment += core * count
             fragments.append(fragment)
         else:
             fragments.append(total if whole < group.gpus else total - whole * GPU_PERCENT)

@@ -106,7 +106,9 @@ def validate_pod(manifest: PodManifest) -> PodSpec | Rejection:
         for resource in SHARE_RESOURCES:
             if resource not in table:
                 continue
-            parsed = _percentage(table[resource])
+            parsed = table[resource]
+            if type(parsed) is not int or not 1 <= parsed <= 100:  # else _percentage's value
+                parsed = _percentage(parsed)
             if isinstance(parsed, str):
                 return Rejection(
                     reason="InvalidPercentage",
