@@ -391,27 +391,38 @@ def _reconcile_pods(state: State, command: ReconcilePods) -> list[Event]:
     return events
 
 
+def _rejected(command: RequestGpu | ReportRelease, *, reason: str, message: str) -> list[Event]:
+    return [PodRejected(pod=command.pod, node=command.node, reason=reason, message=message)]
+
+
 def _request_gpu(state: State, command: RequestGpu) -> list[Event]:
     pod = state.pods.get(command.pod)
-
-    def reject(reason: str, message: str) -> list[Event]:
-        return [PodRejected(pod=command.pod, node=command.node, reason=reason, message=message)]
-
     if pod is None:
-        return reject("UnknownPod", f"pod {command.pod} is not registered for GPU sharing")
+        return _rejected(
+            command,
+            reason="UnknownPod",
+            message=f"pod {command.pod} is not registered for GPU sharing",
+        )
     if pod.node != command.node:
-        return reject(
-            "WrongNode", f"pod {command.pod} is registered on {pod.node}, not {command.node}"
+        return _rejected(
+            command,
+            reason="WrongNode",
+            message=f"pod {command.pod} is registered on {pod.node}, not {command.node}",
         )
     if pod.removed:
-        return reject("PodDeleted", f"pod {command.pod} was deleted; its processes are being ended")
+        return _rejected(
+            command,
+            reason="PodDeleted",
+            message=f"pod {command.pod} was deleted; its processes are being ended",
+        )
     if pod.policy == "static":
         if pod.phase != "dormant":
             return []
         if pod.gpu_index is None:
-            return reject(
-                "NoStaticGpu",
-                f"static pod {command.pod} has no GPU bound yet (the node's inventory has not "
+            return _rejected(
+                command,
+                reason="NoStaticGpu",
+                message=f"static pod {command.pod} has no GPU bound yet (the node's inventory has not "
                 "arrived, or no GPU had room); it is bound when one does",
             )
         # a static pod runs again on the GPU it stays bound to
@@ -419,23 +430,31 @@ def _request_gpu(state: State, command: RequestGpu) -> list[Event]:
             Assigned(pod=command.pod, node=pod.node, gpu_index=pod.gpu_index, gpu_uuid=pod.gpu_uuid)
         ]
     node = state.nodes.get(pod.node)
-    if node is None or not node.enabled:
-        return reject("NodeNotEnabled", f"node {pod.node!r} does not have GPU sharing enabled")
+    if node is None or node.policy is None:  # not node.enabled
+        return _rejected(
+            command,
+            reason="NodeNotEnabled",
+            message=f"node {pod.node!r} does not have GPU sharing enabled",
+        )
     if pod.phase != "dormant":
-        return reject("NotDormant", f"pod {command.pod} is already {pod.phase}")
+        return _rejected(
+            command, reason="NotDormant", message=f"pod {command.pod} is already {pod.phase}"
+        )
     if not node.gpus:
-        return reject("NoGpus", f"node {pod.node!r} has reported no GPUs yet")
+        return _rejected(
+            command, reason="NoGpus", message=f"node {pod.node!r} has reported no GPUs yet"
+        )
     return [PodReady(pod=command.pod, node=pod.node)]
 
 
 def _report_release(state: State, command: ReportRelease) -> list[Event]:
     pod = state.pods.get(command.pod)
-
-    def reject(reason: str, message: str) -> list[Event]:
-        return [PodRejected(pod=command.pod, node=command.node, reason=reason, message=message)]
-
     if pod is None:
-        return reject("UnknownPod", f"pod {command.pod} is not registered for GPU sharing")
+        return _rejected(
+            command,
+            reason="UnknownPod",
+            message=f"pod {command.pod} is not registered for GPU sharing",
+        )
     if pod.phase == "running":
         return [
             Released(
@@ -449,7 +468,11 @@ def _report_release(state: State, command: ReportRelease) -> list[Event]:
         ]
     if pod.phase == "ready" and command.reason == "cancelled":
         return [Released(pod=command.pod, node=pod.node, reason="cancelled")]
-    return reject("NotRunning", f"pod {command.pod} is {pod.phase}: it holds no GPU to release")
+    return _rejected(
+        command,
+        reason="NotRunning",
+        message=f"pod {command.pod} is {pod.phase}: it holds no GPU to release",
+    )
 
 
 # --------------------------------------------------------------------------- the queue

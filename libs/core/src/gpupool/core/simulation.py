@@ -157,7 +157,7 @@ class Simulator:
         self.log: list[Envelope] = []
         self._timers: list[tuple[datetime, int, _Timer]] = []
         """The timers set while running (completions, preemption checks): a heap."""
-        self._timeline: list[tuple[datetime, int, _Timer]] = []
+        self._timeline: list[tuple[datetime, int, ScenarioAction, PodRef | None]] = []
         """The scenario's own actions, sorted: merged with the heap by the same key (time,
         then the order they were set in), so the heap holds only what is pending."""
         self._timer_seq = 0
@@ -286,15 +286,15 @@ class Simulator:
             self._run(RegisterPod(manifest=pod_manifest(pod)), start)
         timeline = self._timeline
         for index, action in enumerate(self.scenario.timeline):
+            ref = None
+            if action.pod is not None:
+                ref = PodRef(namespace=action.namespace, name=action.pod)
+                if ref not in self._pod_nodes:
+                    raise ScenarioError(
+                        f"timeline[{index}]: pod {action.namespace}/{action.pod} is not in pods"
+                    )
             self._timer_seq += 1  # as _timer: the same key, sorted once below
-            timeline.append((start + timedelta(seconds=action.at), self._timer_seq, action))
-            if (
-                action.pod is not None
-                and PodRef(namespace=action.namespace, name=action.pod) not in self._pod_nodes
-            ):
-                raise ScenarioError(
-                    f"timeline[{index}]: pod {action.namespace}/{action.pod} is not in pods"
-                )
+            timeline.append((start + timedelta(seconds=action.at), self._timer_seq, action, ref))
         timeline.sort()  # (time, seq): seq is unique, so the actions never compare
         timers, pop = self._timers, heapq.heappop
         due, last = 0, len(timeline)
@@ -302,34 +302,44 @@ class Simulator:
         while True:
             # the earlier of the next action and the first timer: the order one heap of both
             # would pop them in
-            if timers and (due == last or timers[0] < timeline[due]):
+            if timers and (
+                due == last
+                or (first := timers[0])[0] < (entry := timeline[due])[0]
+                or (first[0] == entry[0] and first[1] < entry[1])
+            ):
                 now, _, timer = pop(timers)
-            elif due < last:
-                now, _, timer = timeline[due]
+            elif due < last:  # the scenario's own actions
+                now, _, action, ref = timeline[due]
                 due += 1
+                index += 1
+                self._correlation = f"step-{index}"
+                self._act(action, now, ref)
+                continue
             else:
                 break
             index += 1
             self._correlation = f"step-{index}"
             # by exact type: the timers are final structs
-            if isinstance(timer, ScenarioAction):  # the scenario's own actions
-                self._act(timer, now)
-            elif type(timer) is _Completion:
+            if type(timer) is _Completion:
                 if self._completion_due.get(timer.pod) == timer.token:
                     self._release(timer.pod, timer.node, "completed", 0, now)
                     self._settle(timer.node, now)
             elif type(timer) is _PreemptionCheck:
                 self._checks_due.discard((timer.node, now))
                 self._settle(timer.node, now)
+            elif isinstance(timer, ScenarioAction):  # an action set as a timer
+                self._act(timer, now)
         return self.log
 
-    def _act(self, action: ScenarioAction, now: datetime) -> None:
+    def _act(self, action: ScenarioAction, now: datetime, ref: PodRef | None = None) -> None:
+        """``ref``: the action's pod, when made already."""
         if action.action == "set-policy":
             self._set_policy(action, now)
             return
         if action.pod is None:
             raise ScenarioError(f"action {action.action!r} at {action.at}s needs a pod")
-        ref = PodRef(namespace=action.namespace, name=action.pod)
+        if ref is None:
+            ref = PodRef(namespace=action.namespace, name=action.pod)
         pod_node = self._pod_nodes[ref]
         events: list[Event]
         match action.action:
@@ -354,7 +364,7 @@ class Simulator:
             case "set-policy":
                 events = []
         for event in events:
-            if event_node(event) != pod_node:
+            if event.node != pod_node:  # event_node(event)
                 break
         else:
             self._settle(pod_node, now)  # the common case: one node, the pod's own
