@@ -147,6 +147,8 @@ def decide(state: State, command: Command, now: datetime) -> list[Event]:
         return _request_gpu(state, command)
     if type(command) is ReportRelease:
         return _report_release(state, command)
+    if type(command) is RegisterPod:  # a name the log cannot hold is refused first
+        return refuse_pod_manifest(command.manifest) or _register_pod(state, command.manifest)
     match command:
         case ConfigureNode():  # a name the log cannot hold is refused first (input_bounds)
             return refuse_node_config(command.node, command.gpu_count) or _configure_node(
@@ -490,12 +492,22 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
     pods = state.pods
     queue = node.queue
     head = pods[queue[0][4]]
-    inventory = _inventory(node.gpus)
+    gpus = node.gpus
+    inventory = _INVENTORIES.get(id(gpus))  # _inventory(gpus), its lookup spelt out
+    if inventory is None or inventory.gpus is not gpus:
+        inventory = _inventory(gpus)
     # only GPUs of the inventory can be chosen (a slot on a vanished one is being released)
     values = inventory.usage_of(node.usage)
     backfill = node.qos.backfill
-    if not backfill and not _fits_some(values, head.limits):
-        return []  # the head is blocked and nobody may pass it: O(GPUs), nothing allocated
+    if not backfill:
+        limits = head.limits  # _fits_some(values, limits), spelt out
+        core_left = GPU_PERCENT - limits.core
+        memory_left = GPU_PERCENT - limits.memory
+        for used in values:
+            if used.core <= core_left and used.memory <= memory_left:
+                break
+        else:
+            return []  # the head is blocked and nobody may pass it: O(GPUs), nothing allocated
     uuids, order, positions = inventory.uuids, inventory.order, inventory.positions
     shares = tuple(node.shares.items())
     events: list[Event] = []

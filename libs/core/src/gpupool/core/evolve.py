@@ -47,7 +47,8 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
             pod.phase = "ready"
             pod.ready_since = envelope.time
             pod.ready_order = node.ready_counter
-            insort(node.queue, _queue_key(pod))  # _index of a ready pod
+            ref = pod.ref  # _index of a ready pod: its _queue_key into the queue
+            insort(node.queue, (-pod.priority, pod.ready_order, ref.namespace, ref.name, ref))
         return state
     if type(event) is Assigned:
         pod = state.pods.get(event.pod)
@@ -93,6 +94,9 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
         return state
     if type(event) is PodRejected:
         return state
+    if type(event) is PodRegistered:
+        _register(state, event, envelope)
+        return state
     match event:
         case Preempted():
             pod = state.pods.get(event.victim)
@@ -100,23 +104,7 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
                 pod.evicted_by = event.preemptor
                 pod.evict_reason = event.reason
         case PodRegistered():
-            earlier = state.pods.get(event.pod)
-            if earlier is not None:
-                _unindex(state.node(earlier.node), earlier)
-                _count_share(state.node(earlier.node), earlier, -1)
-            pod = state.pods[event.pod] = PodState(
-                ref=event.pod,
-                node=event.node,
-                policy=event.policy,
-                requests=event.requests,
-                limits=event.limits,
-                priority=event.priority,
-                uid=event.uid,
-                registered_at=envelope.time,
-            )
-            node = state.node(event.node)
-            node.pods[event.pod] = None
-            _count_share(node, pod, 1)
+            _register(state, event, envelope)
         case PodRemoved():
             pod = state.pods.get(event.pod)
             if pod is not None:
@@ -153,6 +141,26 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
     return state
 
 
+def _register(state: State, event: PodRegistered, envelope: Envelope) -> None:
+    earlier = state.pods.get(event.pod)
+    if earlier is not None:
+        _unindex(state.node(earlier.node), earlier)
+        _count_share(state.node(earlier.node), earlier, -1)
+    pod = state.pods[event.pod] = PodState(
+        ref=event.pod,
+        node=event.node,
+        policy=event.policy,
+        requests=event.requests,
+        limits=event.limits,
+        priority=event.priority,
+        uid=event.uid,
+        registered_at=envelope.time,
+    )
+    node = state.node(event.node)
+    node.pods[event.pod] = None
+    _count_share(node, pod, 1)
+
+
 _NO_SHARE = Share(core=0, memory=0)
 
 
@@ -168,7 +176,8 @@ def _add_usage(node: NodeState, index: int, share: Share, sign: int) -> None:
     if core == 0 and memory == 0:
         usage.pop(index, None)
     else:
-        usage[index] = _share(core, memory)
+        found = _SHARES.get((core, memory))  # _share(core, memory), its lookup spelt out
+        usage[index] = found if found is not None else _share(core, memory)
 
 
 _SHARES: dict[tuple[int, int], Share] = {}
