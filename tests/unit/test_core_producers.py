@@ -97,7 +97,16 @@ def test_each_service_produces_what_decide_emits_for_its_commands(
             emitted[writer].add(type(event))
         return events
 
+    def scheduled(state: object, node: str, now: object) -> list[Event]:
+        return checked(state, Schedule(node=node), now)
+
+    def planned(state: object, node: str, now: object) -> list[Event]:
+        return checked(state, PlanPreemption(node=node), now)
+
     monkeypatch.setattr(simulation_module, "decide", checked)
+    # the simulator settles a node by calling decide's Schedule and PlanPreemption directly
+    monkeypatch.setattr(simulation_module, "schedule", scheduled)
+    monkeypatch.setattr(simulation_module, "plan_node_preemption", planned)
     scenarios = sorted((ROOT / "scenarios").glob("*.yaml"))
     assert len(scenarios) >= 5
     for path in scenarios:

@@ -11,23 +11,26 @@ Which service sends which command (the deciders never execute anything):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from functools import lru_cache
 from itertools import repeat
+from operator import itemgetter
 
 import msgspec
 
 from gpupool.core.evolve import evolve
-from gpupool.core.fragmentation import Task, Workload
+from gpupool.core.fragmentation import Workload
 from gpupool.core.input_bounds import refuse_node_config, refuse_pod_manifest
 from gpupool.core.placement import (
     add,
     choose_gpu,
+    choose_gpu_in_order,
     reservation_gpu,
     static_usage,
 )
 from gpupool.core.preemption import plan_preemption
-from gpupool.core.state import GPU_PERCENT, NodeState, PodState, State
+from gpupool.core.state import GPU_PERCENT, PodState, State
 from gpupool.core.validation import (
     PodManifest,
     Rejection,
@@ -139,11 +142,13 @@ def decide(state: State, command: Command, now: datetime) -> list[Event]:
     if type(command) is Schedule:  # the deciders' most frequent commands first, without the match
         return schedule(state, command.node, now)
     if type(command) is PlanPreemption:
-        return _plan_preemption(state, command.node, now)
+        return plan_node_preemption(state, command.node, now)
     if type(command) is RequestGpu:
         return _request_gpu(state, command)
     if type(command) is ReportRelease:
         return _report_release(state, command)
+    if type(command) is RegisterPod:  # a name the log cannot hold is refused first
+        return refuse_pod_manifest(command.manifest) or _register_pod(state, command.manifest)
     match command:
         case ConfigureNode():  # a name the log cannot hold is refused first (input_bounds)
             return refuse_node_config(command.node, command.gpu_count) or _configure_node(
@@ -164,7 +169,7 @@ def decide(state: State, command: Command, now: datetime) -> list[Event]:
         case Schedule():
             return schedule(state, command.node, now)
         case PlanPreemption():
-            return _plan_preemption(state, command.node, now)
+            return plan_node_preemption(state, command.node, now)
 
 
 # --------------------------------------------------------------------------- nodes
@@ -388,27 +393,38 @@ def _reconcile_pods(state: State, command: ReconcilePods) -> list[Event]:
     return events
 
 
+def _rejected(command: RequestGpu | ReportRelease, *, reason: str, message: str) -> list[Event]:
+    return [PodRejected(pod=command.pod, node=command.node, reason=reason, message=message)]
+
+
 def _request_gpu(state: State, command: RequestGpu) -> list[Event]:
     pod = state.pods.get(command.pod)
-
-    def reject(reason: str, message: str) -> list[Event]:
-        return [PodRejected(pod=command.pod, node=command.node, reason=reason, message=message)]
-
     if pod is None:
-        return reject("UnknownPod", f"pod {command.pod} is not registered for GPU sharing")
+        return _rejected(
+            command,
+            reason="UnknownPod",
+            message=f"pod {command.pod} is not registered for GPU sharing",
+        )
     if pod.node != command.node:
-        return reject(
-            "WrongNode", f"pod {command.pod} is registered on {pod.node}, not {command.node}"
+        return _rejected(
+            command,
+            reason="WrongNode",
+            message=f"pod {command.pod} is registered on {pod.node}, not {command.node}",
         )
     if pod.removed:
-        return reject("PodDeleted", f"pod {command.pod} was deleted; its processes are being ended")
+        return _rejected(
+            command,
+            reason="PodDeleted",
+            message=f"pod {command.pod} was deleted; its processes are being ended",
+        )
     if pod.policy == "static":
         if pod.phase != "dormant":
             return []
         if pod.gpu_index is None:
-            return reject(
-                "NoStaticGpu",
-                f"static pod {command.pod} has no GPU bound yet (the node's inventory has not "
+            return _rejected(
+                command,
+                reason="NoStaticGpu",
+                message=f"static pod {command.pod} has no GPU bound yet (the node's inventory has not "
                 "arrived, or no GPU had room); it is bound when one does",
             )
         # a static pod runs again on the GPU it stays bound to
@@ -416,23 +432,31 @@ def _request_gpu(state: State, command: RequestGpu) -> list[Event]:
             Assigned(pod=command.pod, node=pod.node, gpu_index=pod.gpu_index, gpu_uuid=pod.gpu_uuid)
         ]
     node = state.nodes.get(pod.node)
-    if node is None or not node.enabled:
-        return reject("NodeNotEnabled", f"node {pod.node!r} does not have GPU sharing enabled")
+    if node is None or node.policy is None:  # not node.enabled
+        return _rejected(
+            command,
+            reason="NodeNotEnabled",
+            message=f"node {pod.node!r} does not have GPU sharing enabled",
+        )
     if pod.phase != "dormant":
-        return reject("NotDormant", f"pod {command.pod} is already {pod.phase}")
+        return _rejected(
+            command, reason="NotDormant", message=f"pod {command.pod} is already {pod.phase}"
+        )
     if not node.gpus:
-        return reject("NoGpus", f"node {pod.node!r} has reported no GPUs yet")
+        return _rejected(
+            command, reason="NoGpus", message=f"node {pod.node!r} has reported no GPUs yet"
+        )
     return [PodReady(pod=command.pod, node=pod.node)]
 
 
 def _report_release(state: State, command: ReportRelease) -> list[Event]:
     pod = state.pods.get(command.pod)
-
-    def reject(reason: str, message: str) -> list[Event]:
-        return [PodRejected(pod=command.pod, node=command.node, reason=reason, message=message)]
-
     if pod is None:
-        return reject("UnknownPod", f"pod {command.pod} is not registered for GPU sharing")
+        return _rejected(
+            command,
+            reason="UnknownPod",
+            message=f"pod {command.pod} is not registered for GPU sharing",
+        )
     if pod.phase == "running":
         return [
             Released(
@@ -446,7 +470,11 @@ def _report_release(state: State, command: ReportRelease) -> list[Event]:
         ]
     if pod.phase == "ready" and command.reason == "cancelled":
         return [Released(pod=command.pod, node=pod.node, reason="cancelled")]
-    return reject("NotRunning", f"pod {command.pod} is {pod.phase}: it holds no GPU to release")
+    return _rejected(
+        command,
+        reason="NotRunning",
+        message=f"pod {command.pod} is {pod.phase}: it holds no GPU to release",
+    )
 
 
 # --------------------------------------------------------------------------- the queue
@@ -462,29 +490,42 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
     if node is None or node.policy != "share-pool" or not node.gpus or not node.queue:
         return []
     pods = state.pods
-    if not node.qos.backfill and not _room_for(node, pods[node.queue[0][4]].limits):
-        return []  # the head is blocked and nobody may pass it: O(GPUs), nothing allocated
-    uuids, order = _inventory(node.gpus)
+    queue = node.queue
+    head = pods[queue[0][4]]
+    gpus = node.gpus
+    inventory = _INVENTORIES.get(id(gpus))  # _inventory(gpus), its lookup spelt out
+    if inventory is None or inventory.gpus is not gpus:
+        inventory = _inventory(gpus)
     # only GPUs of the inventory can be chosen (a slot on a vanished one is being released)
-    values = tuple(map(node.usage.get, order, repeat(_NO_SHARE)))
-    usage = dict(zip(order, values, strict=True))
+    values = inventory.usage_of(node.usage)
+    backfill = node.qos.backfill
+    if not backfill:
+        limits = head.limits  # _fits_some(values, limits), spelt out
+        core_left = GPU_PERCENT - limits.core
+        memory_left = GPU_PERCENT - limits.memory
+        for used in values:
+            if used.core <= core_left and used.memory <= memory_left:
+                break
+        else:
+            return []  # the head is blocked and nobody may pass it: O(GPUs), nothing allocated
+    uuids, order, positions = inventory.uuids, inventory.order, inventory.positions
     shares = tuple(node.shares.items())
     events: list[Event] = []
-    queue = node.queue
     position = 0
     while position < len(queue):
-        head = pods[queue[position][4]]
         if position:
-            if not _fits_some(usage, head.limits):
+            head = pods[queue[position][4]]
+            if not _fits_some(values, head.limits):
                 break  # what choose_gpu would find, without building its arguments
-            values = tuple(usage.values())
         gpu = _chosen_gpu(order, values, head.limits, None, shares)
         if gpu is None:
             break
         events.append(Assigned(pod=head.ref, node=node_name, gpu_index=gpu, gpu_uuid=uuids[gpu]))
-        usage[gpu] = add(usage[gpu], head.limits)
+        at = positions[gpu]
+        values = (*values[:at], add(values[at], head.limits), *values[at + 1 :])
         position += 1
-    if position < len(queue) and node.qos.backfill:
+    if position < len(queue) and backfill:
+        usage = dict(zip(order, values, strict=True))
         head = pods[queue[position][4]]
         reserved = reservation_gpu(usage, head, state.pods_on(node_name))
         for key in queue[position + 1 :]:
@@ -499,22 +540,48 @@ def schedule(state: State, node_name: str, now: datetime) -> list[Event]:
 
 _NO_SHARE = Share(core=0, memory=0)
 
-_INVENTORIES: dict[int, tuple[tuple[GpuInfo, ...], dict[int, str], tuple[int, ...]]] = {}
+
+class _Inventory:
+    """A node's inventory as ``schedule`` reads it: each GPU's UUID by index, the indexes in
+    order, each index's position in that order, and the usage of those GPUs in that order."""
+
+    __slots__ = ("_values", "gpus", "order", "positions", "uuids")
+
+    def __init__(self, gpus: tuple[GpuInfo, ...]) -> None:
+        self.gpus = gpus
+        self.uuids = {gpu.index: gpu.uuid for gpu in gpus}
+        self.order = tuple(sorted(self.uuids))
+        self.positions = {index: at for at, index in enumerate(self.order)}
+        self._values = itemgetter(*self.order)
+
+    def usage_of(self, usage: dict[int, Share]) -> tuple[Share, ...]:
+        """The usage of the inventory's GPUs, in order (a GPU without an entry: nothing)."""
+        order = self.order
+        if len(usage) >= len(order):
+            try:
+                # every GPU of the inventory has pods running (a full node, as when the head
+                # is blocked): one lookup of them all
+                found = self._values(usage)
+            except KeyError:
+                pass
+            else:
+                return found if len(order) > 1 else (found,)
+        return tuple(map(usage.get, order, repeat(_NO_SHARE)))
 
 
-def _inventory(gpus: tuple[GpuInfo, ...]) -> tuple[dict[int, str], tuple[int, ...]]:
-    """A node's inventory as ``schedule`` reads it: each GPU's UUID by index, and the indexes
-    in order. Memoised on the inventory tuple itself (a node keeps the one its last
-    GpuInventoryReported brought): a pure function of it, and the caller never mutates it."""
+_INVENTORIES: dict[int, _Inventory] = {}
+
+
+def _inventory(gpus: tuple[GpuInfo, ...]) -> _Inventory:
+    """``_Inventory`` of a node's GPUs, memoised on the inventory tuple itself (a node keeps the
+    one its last GpuInventoryReported brought): a pure function of it, never mutated."""
     found = _INVENTORIES.get(id(gpus))
-    if found is not None and found[0] is gpus:
-        return found[1], found[2]
-    uuids = {gpu.index: gpu.uuid for gpu in gpus}
-    order = tuple(sorted(uuids))
+    if found is not None and found.gpus is gpus:
+        return found
     if len(_INVENTORIES) >= 4096:
         _INVENTORIES.clear()
-    _INVENTORIES[id(gpus)] = (gpus, uuids, order)  # the tuple held: its id is not reused
-    return uuids, order
+    found = _INVENTORIES[id(gpus)] = _Inventory(gpus)  # the tuple held: its id is not reused
+    return found
 
 
 NodeShares = tuple[tuple[Share, int], ...]
@@ -523,7 +590,7 @@ NodeShares = tuple[tuple[Share, int], ...]
 
 @lru_cache(maxsize=1024)
 def _node_workload(shares: NodeShares) -> Workload:
-    return Workload.of({Task(gpus=1, share=share): n for share, n in shares})
+    return Workload.of_shares(shares)  # Workload.of({Task(gpus=1, share=s): n, ...})
 
 
 @lru_cache(maxsize=4096)
@@ -538,41 +605,21 @@ def _chosen_gpu(
     (the usage of the GPUs ``order`` names, ``used`` in that order), and a node's usage takes
     the same few shapes again and again (the fragmentation measure is most of a decision
     that assigns)."""
-    usage = dict(zip(order, used, strict=True))
-    return choose_gpu(usage, want, exclude=exclude, workload=_node_workload(shares))
+    return choose_gpu_in_order(order, used, want, exclude, _node_workload(shares))
 
 
-def _fits_some(usage: dict[int, Share], want: Share) -> bool:
-    """Whether ``want`` fits (``fits``) on any GPU of ``usage``."""
+def _fits_some(usage: Iterable[Share], want: Share) -> bool:
+    """Whether ``want`` fits (``fits``) on any GPU whose usage is in ``usage``."""
     core_left = GPU_PERCENT - want.core
     memory_left = GPU_PERCENT - want.memory
-    for used in usage.values():  # noqa: SIM110 (a plain loop: no generator to start each time)
+    for used in usage:  # noqa: SIM110 (a plain loop: no generator to start each time)
         if used.core <= core_left and used.memory <= memory_left:
             return True
     return False
 
 
-def _room_for(node: NodeState, want: Share) -> bool:
-    """Whether ``want`` fits (``fits``) on some GPU of the node's inventory, by its usage index."""
-    core_left = GPU_PERCENT - want.core
-    memory_left = GPU_PERCENT - want.memory
-    usage = node.usage
-    uuids, order = _inventory(node.gpus)
-    if len(usage) == len(order) and usage.keys() <= uuids.keys():
-        # every GPU of the inventory has pods running (a full node, as when the head is
-        # blocked): its usage is exactly the index's values
-        for used in usage.values():  # noqa: SIM110 (a plain loop, as in _fits_some)
-            if used.core <= core_left and used.memory <= memory_left:
-                return True
-        return False
-    for gpu in node.gpus:
-        used = usage.get(gpu.index, _NO_SHARE)
-        if used.core <= core_left and used.memory <= memory_left:
-            return True
-    return False
-
-
-def _plan_preemption(state: State, node_name: str, now: datetime) -> list[Event]:
+def plan_node_preemption(state: State, node_name: str, now: datetime) -> list[Event]:
+    """``decide(state, PlanPreemption(node=node_name), now)``."""
     node = state.nodes.get(node_name)
     if node is None or not node.qos.preempt_enabled or not node.queue:
         return []  # what plan_preemption would find first, without building the usage

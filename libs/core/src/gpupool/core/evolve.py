@@ -47,12 +47,24 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
             pod.phase = "ready"
             pod.ready_since = envelope.time
             pod.ready_order = node.ready_counter
-            insort(node.queue, _queue_key(pod))  # _index of a ready pod
+            ref = pod.ref  # _index of a ready pod: its _queue_key into the queue
+            insort(node.queue, (-pod.priority, pod.ready_order, ref.namespace, ref.name, ref))
         return state
     if type(event) is Assigned:
         pod = state.pods.get(event.pod)
         if pod is not None and (_holds(state, pod, event) if holds is None else holds):
             node = state.nodes.get(pod.node) or state.node(pod.node)
+            if pod.phase == "ready" and pod.policy == "share-pool":
+                # the decided case (a share-pool Assigned holds only for a waiting pod):
+                # _unindex and _index spelt out, its queue key out and its limits in
+                _unqueue(node, pod)
+                pod.phase = "running"
+                pod.gpu_index = event.gpu_index
+                pod.gpu_uuid = event.gpu_uuid
+                pod.running_since = envelope.time
+                pod.ready_since = None
+                _add_usage(node, event.gpu_index, pod.limits, 1)
+                return state
             _unindex(node, pod)
             pod.phase = "running"
             pod.gpu_index = event.gpu_index
@@ -70,11 +82,20 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
                 _forget(state, pod)
             elif pod.policy == "static" and event.reason != "gpu-vanished":
                 _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
-            else:
-                _to_dormant(pod)
+            else:  # _to_dormant, spelt out
+                pod.phase = "dormant"
+                pod.gpu_index = None
+                pod.gpu_uuid = ""
+                pod.running_since = None
+                pod.ready_since = None
+                pod.evicted_by = None
+                pod.evict_reason = None
             # dormant now (or gone): nothing of it in the node's queue or usage
         return state
     if type(event) is PodRejected:
+        return state
+    if type(event) is PodRegistered:
+        _register(state, event, envelope)
         return state
     match event:
         case Preempted():
@@ -83,23 +104,7 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
                 pod.evicted_by = event.preemptor
                 pod.evict_reason = event.reason
         case PodRegistered():
-            earlier = state.pods.get(event.pod)
-            if earlier is not None:
-                _unindex(state.node(earlier.node), earlier)
-                _count_share(state.node(earlier.node), earlier, -1)
-            pod = state.pods[event.pod] = PodState(
-                ref=event.pod,
-                node=event.node,
-                policy=event.policy,
-                requests=event.requests,
-                limits=event.limits,
-                priority=event.priority,
-                uid=event.uid,
-                registered_at=envelope.time,
-            )
-            node = state.node(event.node)
-            node.pods[event.pod] = None
-            _count_share(node, pod, 1)
+            _register(state, event, envelope)
         case PodRemoved():
             pod = state.pods.get(event.pod)
             if pod is not None:
@@ -136,6 +141,26 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
     return state
 
 
+def _register(state: State, event: PodRegistered, envelope: Envelope) -> None:
+    earlier = state.pods.get(event.pod)
+    if earlier is not None:
+        _unindex(state.node(earlier.node), earlier)
+        _count_share(state.node(earlier.node), earlier, -1)
+    pod = state.pods[event.pod] = PodState(
+        ref=event.pod,
+        node=event.node,
+        policy=event.policy,
+        requests=event.requests,
+        limits=event.limits,
+        priority=event.priority,
+        uid=event.uid,
+        registered_at=envelope.time,
+    )
+    node = state.node(event.node)
+    node.pods[event.pod] = None
+    _count_share(node, pod, 1)
+
+
 _NO_SHARE = Share(core=0, memory=0)
 
 
@@ -151,7 +176,8 @@ def _add_usage(node: NodeState, index: int, share: Share, sign: int) -> None:
     if core == 0 and memory == 0:
         usage.pop(index, None)
     else:
-        usage[index] = _share(core, memory)
+        found = _SHARES.get((core, memory))  # _share(core, memory), its lookup spelt out
+        usage[index] = found if found is not None else _share(core, memory)
 
 
 _SHARES: dict[tuple[int, int], Share] = {}
@@ -182,16 +208,23 @@ def _unindex(node: NodeState, pod: PodState) -> None:
     """Take ``pod``'s phase out of its node's queue and usage (before the phase changes)."""
     phase = pod.phase
     if phase == "ready":
-        key = _queue_key(pod)
-        queue = node.queue
-        if queue and queue[0] == key:  # most often the head (it was just assigned)
-            del queue[0]
-            return
-        at = bisect_left(queue, key)
-        if at < len(queue) and queue[at] == key:
-            del queue[at]
+        _unqueue(node, pod)
     elif phase == "running" and pod.gpu_index is not None and pod.policy == "share-pool":
         _add_usage(node, pod.gpu_index, pod.limits, -1)
+
+
+def _unqueue(node: NodeState, pod: PodState) -> None:
+    """Take a ready ``pod``'s key out of its node's queue."""
+    queue = node.queue
+    if queue:
+        head = queue[0]
+        if head[4] == pod.ref and head == _queue_key(pod):  # most often: it was just assigned
+            del queue[0]
+            return
+    key = _queue_key(pod)
+    at = bisect_left(queue, key)
+    if at < len(queue) and queue[at] == key:
+        del queue[at]
 
 
 def _count_share(node: NodeState, pod: PodState, sign: int) -> None:
@@ -245,7 +278,13 @@ def _holds(state: State, pod: PodState, event: Assigned) -> bool:
     if pod.phase != "ready" or pod.removed or pod.node != event.node:
         return False
     node = state.nodes.get(pod.node)
-    if node is None or not _in_inventory(node, event.gpu_index, event.gpu_uuid):
+    if node is None:
+        return False
+    index, gpus = event.gpu_index, node.gpus
+    if 0 <= index < len(gpus) and gpus[index].index == index:  # _in_inventory's usual layout
+        if gpus[index].uuid != event.gpu_uuid:
+            return False
+    elif not _in_inventory(node, index, event.gpu_uuid):
         return False
     held = node.usage.get(event.gpu_index, _NO_SHARE)
     return (

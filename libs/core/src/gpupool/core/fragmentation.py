@@ -137,6 +137,32 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
             memory_per_percent=memory / held if held else 0.0,
         )
 
+    @classmethod
+    def of_shares(cls, shares: Iterable[tuple[Share, int]]) -> Workload:
+        """``Workload.of({Task(gpus=1, share=share): count, ...})`` for distinct shares (a
+        node's ``NodeState.shares``), built without the general grouping: one group per
+        share. Equal to it field for field: the same floats, summed by ``sum`` in the same
+        order."""
+        ordered = sorted(
+            ((Task(gpus=1, share=share), float(count)) for share, count in shares if count > 0),
+            key=lambda item: (item[0].share.core, item[0].share.memory),
+        )
+        total = sum(weight for _, weight in ordered)
+        groups = []
+        for task, weight in ordered:
+            share = weight / total
+            groups.append(
+                DemandGroup(1, task.share.core, task.share.memory, ((0, 0, share),), share, 0, 0)
+            )
+        held = sum(weight * task.share.core for task, weight in ordered)
+        idle = sum(weight * 0 for _, weight in ordered)  # the tasks' CPU and memory: none
+        return cls(
+            weights=tuple(ordered),
+            groups=tuple(groups),
+            cpu_per_percent=idle / held if held else 0.0,
+            memory_per_percent=idle / held if held else 0.0,
+        )
+
     @property
     def total(self) -> float:
         return sum(weight for _, weight in self.weights)
@@ -210,6 +236,119 @@ def fragmentation(node: NodeFree, workload: Workload) -> float:
         else:
             for task_cpu, task_memory, weight in group.rows:
                 expected += weight * (total if task_cpu > cpu or task_memory > memory else fragment)
+    return expected
+
+
+class GroupFragments(msgspec.Struct, frozen=True):
+    """A node's GPUs as ``fragmentation`` weighs them, with CPU and memory left aside: the
+    free compute, how many GPUs are wholly free, and per group of the workload (in order)
+    the fragment. All integers: exact, whatever the order of summing."""
+
+    total: int
+    whole: int
+    fragments: tuple[int, ...]
+
+
+def group_fragments(gpus: Iterable[Share], workload: Workload) -> GroupFragments:
+    """``GroupFragments`` of GPUs whose free shares are ``gpus``."""
+    distinct: dict[tuple[int, int], int] = {}
+    for gpu in gpus:
+        key = (gpu.core, gpu.memory)
+        distinct[key] = distinct.get(key, 0) + 1
+    return distinct_group_fragments(distinct, workload)
+
+
+def distinct_group_fragments(
+    distinct: Mapping[tuple[int, int], int], workload: Workload
+) -> GroupFragments:
+    """``GroupFragments`` of GPUs given as how many have each free (compute, memory)."""
+    total = 0
+    for (core, _), count in distinct.items():
+        total += core * count
+    whole = distinct.get((GPU_PERCENT, GPU_PERCENT), 0)
+    fragments: list[int] = []
+    for group in workload.groups:
+        if group.gpus == 0:
+            fragments.append(0)
+        elif group.gpus == 1:
+            least_core, least_memory = group.core, group.memory
+            fragment = 0
+            for (core, memory), count in distinct.items():
+                if core < least_core or memory < least_memory:
+                    fragment += core * count
+            fragments.append(fragment)
+        else:
+            fragments.append(total if whole < group.gpus else total - whole * GPU_PERCENT)
+    return GroupFragments(total, whole, tuple(fragments))
+
+
+def expected_fragment_after(
+    parts: GroupFragments,
+    workload: Workload,
+    free: Share,
+    want: Share,
+    cpu_milli: int,
+    memory_mib: int,
+) -> float:
+    """``expected_fragment`` of the node ``parts`` once one GPU whose free share is ``free``
+    gives ``want`` to a pod (the node's CPU and memory then ``cpu_milli``, ``memory_mib``):
+    only that GPU's terms of each fragment change, so O(groups) instead of O(groups x GPUs),
+    and the float is ``fragmentation``'s of the node after, bit for bit."""
+    left_core = free.core - want.core
+    left_memory = free.memory - want.memory
+    total = parts.total - want.core
+    if total == 0 or not workload:
+        return 0.0
+    whole = (
+        parts.whole
+        - (free.core == GPU_PERCENT and free.memory == GPU_PERCENT)
+        + (left_core == GPU_PERCENT and left_memory == GPU_PERCENT)
+    )
+    expected = 0.0
+    for group, fragment in zip(workload.groups, parts.fragments, strict=True):
+        gpus = group.gpus
+        if gpus == 1:
+            core, memory = group.core, group.memory
+            if free.core < core or free.memory < memory:
+                fragment -= free.core
+            if left_core < core or left_memory < memory:
+                fragment += left_core
+        elif gpus == 0:
+            fragment = 0
+        else:
+            fragment = total if whole < gpus else total - whole * GPU_PERCENT
+        # the sum of expected_fragment, term for term
+        if fragment == total:
+            expected += total * group.weight
+        elif group.most_cpu <= cpu_milli and group.most_memory <= memory_mib:
+            expected += fragment * group.weight
+        else:
+            for task_cpu, task_memory, weight in group.rows:
+                expected += weight * (
+                    total if task_cpu > cpu_milli or task_memory > memory_mib else fragment
+                )
+    return expected
+
+
+def expected_fragment(
+    parts: GroupFragments, workload: Workload, cpu_milli: int, memory_mib: int
+) -> float:
+    """``fragmentation`` of a node whose GPUs are ``parts``, with its CPU and memory: the same
+    float, bit for bit (the same products of the same integers, added in the same order)."""
+    total = parts.total
+    if total == 0 or not workload:
+        return 0.0
+    expected = 0.0
+    for group, fragment in zip(workload.groups, parts.fragments, strict=True):
+        if fragment == total:
+            expected += total * group.weight
+        elif group.most_cpu <= cpu_milli and group.most_memory <= memory_mib:
+            expected += fragment * group.weight
+        else:
+            for task_cpu, task_memory, weight in group.rows:
+                expected += weight * (
+                    total if task_cpu > cpu_milli or task_memory > memory_mib else fragment
+                )
     return expected
 
 

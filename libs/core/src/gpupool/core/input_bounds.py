@@ -33,33 +33,34 @@ def refuse_node_config(node: str, gpu_count: int) -> list[Event] | None:
     return None
 
 
+def _rejected_pod(manifest: PodManifest, node: str, *, reason: str, message: str) -> list[Event]:
+    """The pod as the log can hold it, rejected (made only for a rejection: most pods have
+    none)."""
+    namespace, name = shortened_pod_ref(manifest.namespace, manifest.name)
+    namespace = namespace.encode(errors="replace").decode()
+    name = name.encode(errors="replace").decode()
+    ref = PodRef(namespace=namespace, name=name)
+    return [PodRejected(pod=ref, node=node, reason=reason, message=message)]
+
+
 def refuse_pod_manifest(manifest: PodManifest) -> list[Event] | None:
     """The rejection of a pod whose names or numbers the log cannot hold; None if it can."""
-
-    def rejected(node: str, *, reason: str, message: str) -> list[Event]:
-        # the pod as the log can hold it (made only for a rejection: most pods have none)
-        namespace, name = shortened_pod_ref(manifest.namespace, manifest.name)
-        namespace = namespace.encode(errors="replace").decode()
-        name = name.encode(errors="replace").decode()
-        ref = PodRef(namespace=namespace, name=name)
-        return [PodRejected(pod=ref, node=node, reason=reason, message=message)]
-
     bad_node = validate_node_name(manifest.node)
     if bad_node is not None:
-        return rejected(NODELESS, reason=bad_node.reason, message=bad_node.message)
+        return _rejected_pod(manifest, NODELESS, reason=bad_node.reason, message=bad_node.message)
     node = manifest.node
     problem = pod_name_problem(manifest.namespace, manifest.name, manifest.uid)
     if problem is not None:
-        return rejected(node, reason="InvalidPodName", message=problem)
+        return _rejected_pod(manifest, node, reason="InvalidPodName", message=problem)
     if len(manifest.uid) > MAX_TEXT:
         message = f"pod uid of {len(manifest.uid)} characters; at most {MAX_TEXT}"
-        return rejected(node, reason="InvalidPodUid", message=message)
+        return _rejected_pod(manifest, node, reason="InvalidPodUid", message=message)
     if not MIN_PRIORITY <= manifest.priority <= MAX_PRIORITY:
         message = (
             f"priority {manifest.priority} is outside the int32 range of Kubernetes "
             f"priorities ({MIN_PRIORITY}..{MAX_PRIORITY})"
         )
-        return rejected(node, reason="InvalidPriority", message=message)
+        return _rejected_pod(manifest, node, reason="InvalidPriority", message=message)
     return None
 
 

@@ -18,9 +18,15 @@ Each rule lives here, in one named function:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
-from gpupool.core.fragmentation import NodeFree, Task, Workload, fragmentation
+from gpupool.core.fragmentation import (
+    Task,
+    Workload,
+    distinct_group_fragments,
+    expected_fragment,
+    expected_fragment_after,
+)
 from gpupool.core.state import GPU_PERCENT, NodeState, PodState, State
 from gpupool.events import PodRef, Share
 
@@ -110,27 +116,54 @@ def choose_gpu(
     candidate with the lowest fragmentation gradient for it, then the fullest, then the
     lowest index. Without one: the fullest, then the lowest index (best fit).
     """
-    candidates = [index for index in sorted(usage) if index != exclude and fits(usage[index], want)]
+    order = sorted(usage)
+    return choose_gpu_in_order(order, [usage[index] for index in order], want, exclude, workload)
+
+
+def choose_gpu_in_order(
+    order: Sequence[int],
+    used: Sequence[Share],
+    want: Share,
+    exclude: int | None,
+    workload: Workload | None,
+) -> int | None:
+    """``choose_gpu`` of the usage ``dict(zip(order, used))``, ``order`` sorted."""
+    core_left = GPU_PERCENT - want.core  # fits(used, want), the two sums compared once
+    memory_left = GPU_PERCENT - want.memory
+    candidates = [
+        (index, held)
+        for index, held in zip(order, used, strict=True)
+        if index != exclude and held.core <= core_left and held.memory <= memory_left
+    ]
     if not candidates:
         return None
     if not workload:
-        return min(candidates, key=lambda index: (-_fullness(usage[index]), index))
-    order = sorted(usage)
-    position = {index: at for at, index in enumerate(order)}
-    free = tuple(subtract(WHOLE_GPU, usage[index]) for index in order)
-    before = fragmentation(NodeFree(cpu_milli=UNBOUNDED, memory_mib=UNBOUNDED, gpus=free), workload)
+        return min(candidates, key=lambda candidate: (-_fullness(candidate[1]), candidate[0]))[0]
+    # The gradient of each candidate, as fragmentation(after) - fragmentation(before) of the
+    # node seen with unbounded CPU and memory: the per-group fragments are integers, so the
+    # node after is the node before with one GPU's terms moved, and the expected values are
+    # the very floats fragmentation() computes (expected_fragment, expected_fragment_after).
+    counts: dict[Share, int] = {}
+    for held in used:
+        counts[held] = counts.get(held, 0) + 1
+    before = distinct_group_fragments(
+        {(GPU_PERCENT - held.core, GPU_PERCENT - held.memory): n for held, n in counts.items()},
+        workload,
+    )
+    before_value = expected_fragment(before, workload, UNBOUNDED, UNBOUNDED)
     gradients: dict[Share, float] = {}
-
-    def key(index: int) -> tuple[float, int, int]:
-        used = usage[index]
-        if used not in gradients:
-            after = list(free)
-            after[position[index]] = subtract(after[position[index]], want)
-            node = NodeFree(cpu_milli=UNBOUNDED, memory_mib=UNBOUNDED, gpus=tuple(after))
-            gradients[used] = round(fragmentation(node, workload) - before, 9)
-        return (gradients[used], -_fullness(used), index)
-
-    return min(candidates, key=key)
+    best: tuple[float, int, int] | None = None
+    for index, held in candidates:  # min by (gradient, -fullness, index), spelt out
+        gradient = gradients.get(held)
+        if gradient is None:
+            free = subtract(WHOLE_GPU, held)
+            value = expected_fragment_after(before, workload, free, want, UNBOUNDED, UNBOUNDED)
+            gradient = gradients[held] = round(value - before_value, 9)
+        key = (gradient, -(held.core + held.memory), index)
+        if best is None or key < best:
+            best = key
+    assert best is not None  # candidates is not empty
+    return best[2]
 
 
 def _fullness(used: Share) -> int:

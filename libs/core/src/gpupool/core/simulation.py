@@ -9,23 +9,24 @@ byte: ids come from a counter and times from the simulated clock.
 
 from __future__ import annotations
 
+import gc
 import heapq
 from datetime import UTC, datetime, timedelta
-from typing import Literal, cast
+from typing import Literal
 
 import msgspec
 
 from gpupool.core.decide import (
     Command,
     ConfigureNode,
-    PlanPreemption,
     RegisterPod,
     RemovePod,
     ReportInventory,
     ReportRelease,
     RequestGpu,
-    Schedule,
     decide,
+    plan_node_preemption,
+    schedule,
 )
 from gpupool.core.evolve import evolve
 from gpupool.core.preemption import next_preemption_check
@@ -156,8 +157,13 @@ class Simulator:
         self.state = State()
         self.log: list[Envelope] = []
         self._timers: list[tuple[datetime, int, _Timer]] = []
+        """The timers set while running (completions, preemption checks): a heap."""
+        self._timeline: list[tuple[datetime, int, ScenarioAction, PodRef | None]] = []
+        """The scenario's own actions, sorted: merged with the heap by the same key (time,
+        then the order they were set in), so the heap holds only what is pending."""
         self._timer_seq = 0
         self._runs_for: dict[PodRef, float] = {}
+        self._durations: dict[float, timedelta] = {}
         self._checks_due: set[tuple[str, datetime]] = set()
         """Preemption checks already on the timer (one per node and moment)."""
         self._completion_due: dict[PodRef, int] = {}
@@ -165,8 +171,6 @@ class Simulator:
             PodRef(namespace=p.namespace, name=p.name) for p in scenario.pods if p.requeue
         }
         self._correlation = "setup"
-        self._node_commands: dict[str, tuple[Schedule, PlanPreemption]] = {}
-        """Each node's Schedule and PlanPreemption (the same frozen commands, made once)."""
         self._pod_nodes: dict[PodRef, str] = {}
         """Each scenario pod's node (the first pod of a name, as the scenario lists them)."""
         for pod in scenario.pods:
@@ -182,22 +186,32 @@ class Simulator:
                 f"(simulated time {now.isoformat()}); raise max_events if that is expected"
             )
         log, state, correlation = self.log, self.state, self._correlation
+        append = log.append
+        count = len(log)
         cause = log[-1].id if log else ""
         for event in events:
+            count += 1
             envelope = Envelope(
-                id=f"sim-{len(log) + 1:08d}",
+                id="sim-%08d" % count,  # noqa: UP031 (faster than the f-string's format)
                 time=now,
                 event=event,
                 correlation_id=correlation,
                 causation_id=cause,
             )
             evolve(state, envelope)
-            log.append(envelope)
+            append(envelope)
             cause = envelope.id
         return events
 
     def _run(self, command: Command, now: datetime) -> list[Event]:
         return self._emit(decide(self.state, command, now), now)
+
+    def _duration(self, seconds: float) -> timedelta:
+        """``timedelta(seconds=seconds)``, made once per value (the tasks' times repeat)."""
+        found = self._durations.get(seconds)
+        if found is None:
+            found = self._durations[seconds] = timedelta(seconds=seconds)
+        return found
 
     def _timer(self, at: datetime, timer: _Timer) -> None:
         self._timer_seq += 1
@@ -205,23 +219,21 @@ class Simulator:
 
     # -- the services' reactions to a node's events
     def _settle(self, node: str, now: datetime) -> None:
-        commands = self._node_commands.get(node)
-        if commands is None:
-            commands = self._node_commands[node] = (Schedule(node=node), PlanPreemption(node=node))
-        schedule, plan = commands
+        # decide(state, Schedule(node=node)) and decide(state, PlanPreemption(node=node)),
+        # without the command and its dispatch
         state, runs_for = self.state, self._runs_for
         while True:
-            assigned = decide(state, schedule, now)
+            assigned = schedule(state, node, now)
             if assigned:
                 self._emit(assigned, now)
                 for event in assigned:
                     if type(event) is Assigned and event.pod in runs_for:
                         self._completion_due[event.pod] = len(self.log)
                         self._timer(
-                            now + timedelta(seconds=runs_for[event.pod]),
+                            now + self._duration(runs_for[event.pod]),
                             _Completion(pod=event.pod, node=node, token=len(self.log)),
                         )
-            preempted = decide(state, plan, now)
+            preempted = plan_node_preemption(state, node, now)
             if not preempted:
                 # Nothing more to decide: the Schedule served the queue until its head was
                 # blocked on the state its own Assigned make (folded above: a Schedule now would
@@ -246,6 +258,23 @@ class Simulator:
 
     # -- the scenario
     def run(self) -> list[Envelope]:
+        """The scenario's log, from its start until no timer is left.
+
+        The cyclic garbage collector is suspended while it runs (and restored after, as it
+        was): the log and the state it folds hold no reference cycles, and a growing log of
+        tens of thousands of envelopes made the collector traverse it again and again (a
+        fifth of the CPU of a 70,000-event run, docs/benchmarks.md). Reference counting
+        frees everything as before; a cycle made meanwhile waits for the next collection.
+        """
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run_scenario()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run_scenario(self) -> list[Envelope]:
         start = self.scenario.start
         for node in self.scenario.nodes:
             gpus = tuple(
@@ -273,41 +302,62 @@ class Simulator:
             if pod.node not in known_nodes:
                 raise ScenarioError(f"pod {pod.name!r}: node {pod.node!r} is not in nodes")
             self._run(RegisterPod(manifest=pod_manifest(pod)), start)
-        timers = self._timers
+        timeline = self._timeline
         for index, action in enumerate(self.scenario.timeline):
-            self._timer_seq += 1  # as _timer, heapified once below (the same order of pops)
-            timers.append((start + timedelta(seconds=action.at), self._timer_seq, action))
-            if (
-                action.pod is not None
-                and PodRef(namespace=action.namespace, name=action.pod) not in self._pod_nodes
-            ):
-                raise ScenarioError(
-                    f"timeline[{index}]: pod {action.namespace}/{action.pod} is not in pods"
-                )
-        heapq.heapify(timers)
+            ref = None
+            if action.pod is not None:
+                ref = PodRef(namespace=action.namespace, name=action.pod)
+                if ref not in self._pod_nodes:
+                    raise ScenarioError(
+                        f"timeline[{index}]: pod {action.namespace}/{action.pod} is not in pods"
+                    )
+            self._timer_seq += 1  # as _timer: the same key, sorted once below
+            timeline.append((start + timedelta(seconds=action.at), self._timer_seq, action, ref))
+        timeline.sort()  # (time, seq): seq is unique, so the actions never compare
+        timers, pop = self._timers, heapq.heappop
+        due, last = 0, len(timeline)
         index = 0
-        while self._timers:
-            now, _, timer = heapq.heappop(self._timers)
+        while True:
+            # the earlier of the next action and the first timer: the order one heap of both
+            # would pop them in
+            if timers and (
+                due == last
+                or (first := timers[0])[0] < (entry := timeline[due])[0]
+                or (first[0] == entry[0] and first[1] < entry[1])
+            ):
+                now, _, timer = pop(timers)
+            elif due < last:  # the scenario's own actions
+                now, _, action, ref = timeline[due]
+                due += 1
+                index += 1
+                self._correlation = f"step-{index}"
+                self._act(action, now, ref)
+                continue
+            else:
+                break
             index += 1
             self._correlation = f"step-{index}"
-            if type(timer) is _Completion:  # by exact type: the timers are final structs
+            # by exact type: the timers are final structs
+            if type(timer) is _Completion:
                 if self._completion_due.get(timer.pod) == timer.token:
                     self._release(timer.pod, timer.node, "completed", 0, now)
                     self._settle(timer.node, now)
             elif type(timer) is _PreemptionCheck:
                 self._checks_due.discard((timer.node, now))
                 self._settle(timer.node, now)
-            else:  # the scenario's own actions
-                self._act(cast(ScenarioAction, timer), now)
+            elif isinstance(timer, ScenarioAction):  # an action set as a timer
+                self._act(timer, now)
         return self.log
 
-    def _act(self, action: ScenarioAction, now: datetime) -> None:
+    def _act(self, action: ScenarioAction, now: datetime, ref: PodRef | None = None) -> None:
+        """``ref``: the action's pod, when made already."""
         if action.action == "set-policy":
             self._set_policy(action, now)
             return
         if action.pod is None:
             raise ScenarioError(f"action {action.action!r} at {action.at}s needs a pod")
-        ref = PodRef(namespace=action.namespace, name=action.pod)
+        if ref is None:
+            ref = PodRef(namespace=action.namespace, name=action.pod)
         pod_node = self._pod_nodes[ref]
         events: list[Event]
         match action.action:
@@ -331,10 +381,13 @@ class Simulator:
                     events += self._release(ref, pod_node, "cancelled", None, now)
             case "set-policy":
                 events = []
-        nodes = {event_node(e) for e in events}
-        if not nodes or (len(nodes) == 1 and pod_node in nodes):
+        for event in events:
+            if event.node != pod_node:  # event_node(event)
+                break
+        else:
             self._settle(pod_node, now)  # the common case: one node, the pod's own
             return
+        nodes = {event_node(e) for e in events}
         nodes.add(pod_node)
         for node in sorted(nodes):
             self._settle(node, now)

@@ -106,7 +106,9 @@ def validate_pod(manifest: PodManifest) -> PodSpec | Rejection:
         for resource in SHARE_RESOURCES:
             if resource not in table:
                 continue
-            parsed = _percentage(table[resource])
+            parsed = table[resource]
+            if type(parsed) is not int or not 1 <= parsed <= 100:  # else _percentage's value
+                parsed = _percentage(parsed)
             if isinstance(parsed, str):
                 return Rejection(
                     reason="InvalidPercentage",
@@ -266,6 +268,7 @@ def parse_qos_annotation(text: str | None) -> QosConfig | Rejection:
 
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+_VALID_NODE_NAMES: set[str] = set()
 
 
 def validate_node_name(name: str) -> Rejection | None:
@@ -276,7 +279,12 @@ def validate_node_name(name: str) -> Rejection | None:
     The rejection is recorded on no node (the name cannot be one), with the name
     shortened in its message.
     """
+    if name in _VALID_NODE_NAMES:
+        return None
     if len(name) <= MAX_NODE_NAME and _NODE_NAME.fullmatch(name):
+        if len(_VALID_NODE_NAMES) >= 4096:
+            _VALID_NODE_NAMES.clear()
+        _VALID_NODE_NAMES.add(name)  # a pure verdict, asked again for every pod of the node
         return None
     shown = repr(name[:64]) + (f" (and {len(name) - 64} more characters)" if len(name) > 64 else "")
     return Rejection(
@@ -292,11 +300,12 @@ def shortened_pod_ref(namespace: str, name: str) -> tuple[str, str]:
 
 
 def pod_name_problem(namespace: str, name: str, uid: str = "") -> str | None:
-    for what, text in (("namespace", namespace), ("pod name", name), ("pod uid", uid)):
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            return f"{what} {text[:64]!r} is not valid Unicode (it holds a lone surrogate)"
+    if not (namespace.isascii() and name.isascii() and uid.isascii()):  # ASCII always encodes
+        for what, text in (("namespace", namespace), ("pod name", name), ("pod uid", uid)):
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                return f"{what} {text[:64]!r} is not valid Unicode (it holds a lone surrogate)"
     if len(namespace) > MAX_NAMESPACE:
         return f"namespace of {len(namespace)} characters; at most {MAX_NAMESPACE}"
     if len(name) > MAX_POD_NAME:
