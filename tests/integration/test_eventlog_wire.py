@@ -1,8 +1,9 @@
 """The log's writes on the wire against a real nats-server: PubAcks muxed on one raw inbox
 (each answer reaches its own publish, in whatever order they come; a publish nobody answers
 fails with nats-py's TimeoutError, through the log's retries too; no responders is
-NoStreamResponseError; the inbox works again after a reconnect), and deliveries acked and
-naked out of order each get their own fate."""
+NoStreamResponseError; the inbox works again after a reconnect); deliveries acked and
+naked out of order each get their own fate; the raw pull loop issues an expired pull again
+and ends when its durable is deleted."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 
-from gpupool.eventlog import JetStreamEventLog
+from gpupool.eventlog import EventLogClosed, JetStreamEventLog
 from gpupool.eventlog import jetstream as jetstream_module
-from gpupool.eventlog.log_client import LogClient
+from gpupool.eventlog.log_client import LogClient, inline_status
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.eventlog.wire import PubAckMux, header_block
 from gpupool.events import Envelope, Event, PodReady, PodRef
@@ -196,3 +197,61 @@ async def test_deliveries_acked_and_naked_out_of_order_each_get_their_own_fate(
             nxt = await anext(resumed)
         await nxt.ack()
     assert nxt.seq == fourth  # nothing acked came back
+
+
+async def test_a_pull_that_expires_is_issued_again_and_the_next_entry_still_arrives(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jetstream_module, "PULL_EXPIRES_S", 0.3)
+    monkeypatch.setattr(jetstream_module, "PULL_HEARTBEAT_S", 0.1)
+    subscription = jetstream_log.subscribe(durable="expiring-pulls")
+    pulls = 0
+    third_pull = asyncio.Event()
+    pull = subscription._pull
+
+    async def counted_pull() -> None:
+        nonlocal pulls
+        pulls += 1
+        if pulls == 3:
+            third_pull.set()
+        await pull()
+
+    statuses: list[bytes | None] = []
+    sink = subscription._on_raw
+
+    def recording_sink(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        statuses.append(inline_status(headers))
+        sink(subject, reply, data, headers)
+
+    subscription._pull = counted_pull  # type: ignore[method-assign]
+    subscription._on_raw = recording_sink  # type: ignore[method-assign]
+    try:
+        waiting = asyncio.create_task(anext(subscription))
+        async with asyncio.timeout(WAIT_S):
+            await third_pull.wait()  # two pulls expired (status 408) and were issued again
+        seq = await jetstream_log.append(wrap(ready("n", "after-expiries")))
+        async with asyncio.timeout(WAIT_S):
+            delivery = await waiting
+        await delivery.ack()
+    finally:
+        await subscription.aclose()
+    assert delivery.seq == seq
+    assert b"408" in statuses  # the pulls ended by expiring, not by a missed heartbeat
+
+
+async def test_a_subscriber_whose_durable_is_deleted_ends_with_event_log_closed(
+    jetstream_log: JetStreamEventLog,
+) -> None:
+    await jetstream_log.append(wrap(ready("n", "first")))
+    subscription = jetstream_log.subscribe(durable="to-be-deleted")
+    try:
+        async with asyncio.timeout(WAIT_S):
+            first = await anext(subscription)  # its pull request stays outstanding
+        await first.ack()
+        waiting = asyncio.create_task(anext(subscription))
+        await jetstream_log._js.delete_consumer(jetstream_log.stream, "to-be-deleted")
+        with pytest.raises(EventLogClosed, match="was deleted"):
+            async with asyncio.timeout(WAIT_S):
+                await waiting
+    finally:
+        await subscription.aclose()
