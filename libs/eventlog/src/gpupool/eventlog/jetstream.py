@@ -7,12 +7,14 @@ Everything JetStream-specific lives here; docs/eventlog.md explains the choices.
   ``Nats-Expected-Last-Subject-Sequence`` with
   ``Nats-Expected-Last-Subject-Sequence-Subject: <prefix>.<node>.>`` (nats-server
   >= 2.11). Timeouts and missing responders (reconnects, leader changes) are
-  retried; the msg id makes that safe.
+  retried; the msg id makes that safe. Publishes are framed by
+  :mod:`gpupool.eventlog.wire` and their PubAcks muxed on one raw inbox.
 * Replay: an ordered push consumer (ephemeral, flow controlled) feeding a bounded
   queue, stopped at the last matching sequence seen when the replay started.
 * Subscribe: a durable pull consumer with explicit acks, fetched in batches by a
   small pull loop of our own (one outstanding request, idle heartbeats to notice a
-  lost request after a reconnect).
+  lost request after a reconnect), on a raw subscription: a delivery stays bytes until
+  read; acks are frames queued without a publish call each.
 """
 
 from __future__ import annotations
@@ -29,14 +31,13 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import api
 
 from gpupool.eventlog.credentials import connect_options
 from gpupool.eventlog.durables import CLAIMANT, SLOT_INACTIVE_SECONDS, durable_names
-from gpupool.eventlog.log_client import LogClient
+from gpupool.eventlog.log_client import LogClient, inline_status, status_description
 from gpupool.eventlog.named_replay import named_replay
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
@@ -56,6 +57,15 @@ from gpupool.eventlog.subjects import (
     subject_matches,
     writer_subject_filter,
     writer_token,
+)
+from gpupool.eventlog.wire import (
+    ACK,
+    NAK,
+    PubAck,
+    PubAckMux,
+    ack_frame,
+    header_block,
+    send_frame,
 )
 from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
 
@@ -102,6 +112,10 @@ H_MSG_ID = "Nats-Msg-Id"
 H_EXPECTED_STREAM = "Nats-Expected-Stream"
 H_EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+_H_MSG_ID = H_MSG_ID.encode()
+_H_EXPECTED_STREAM = H_EXPECTED_STREAM.encode()
+_H_EXPECTED_LAST = H_EXPECTED_LAST_SUBJECT_SEQUENCE.encode()
+_H_EXPECTED_LAST_SUBJECT = H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT.encode()
 
 _PULL_AGAIN = "pull again"
 """Put in a subscriber's inbox instead of a message: its pull request was lost."""
@@ -131,7 +145,7 @@ class JetStreamEventLog:
 
     def __init__(
         self,
-        nc: NatsClient,
+        nc: LogClient,
         *,
         stream: str,
         subject_prefix: str,
@@ -149,6 +163,8 @@ class JetStreamEventLog:
         """When set (a service's instance), ``subscribe(durable=base)`` claims one of the
         durables ``durable_names(base)`` for it (:mod:`gpupool.eventlog.durables`)."""
         self._js = nc.jetstream(timeout=REQUEST_TIMEOUT_S)
+        self._mux = PubAckMux(nc, timeout=REQUEST_TIMEOUT_S)
+        """Every publish of this log, its PubAck muxed on one raw inbox (:mod:`.wire`)."""
         self.stream = stream
         self.subject_prefix = subject_prefix
         self.ack_wait = ack_wait
@@ -280,14 +296,19 @@ class JetStreamEventLog:
             raise ValueError("a decision holds at least one envelope")
         envelope = envelopes[0]
         node = event_node(envelope.event)
-        headers = {H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream}
-        if expected_writer is None:
-            expectation = node_subject_filter(node, prefix=self.subject_prefix)
-        else:
-            expectation = writer_subject_filter(expected_writer, node, prefix=self.subject_prefix)
+        pairs = [(_H_MSG_ID, envelope.id), (_H_EXPECTED_STREAM, self.stream)]
         if expected_node_seq is not None:
-            headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE] = str(expected_node_seq)
-            headers[H_EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT] = expectation
+            if expected_writer is None:
+                expectation = node_subject_filter(node, prefix=self.subject_prefix)
+            else:
+                expectation = writer_subject_filter(
+                    expected_writer, node, prefix=self.subject_prefix
+                )
+            pairs += (
+                (_H_EXPECTED_LAST, str(expected_node_seq)),
+                (_H_EXPECTED_LAST_SUBJECT, expectation),
+            )
+        headers = header_block(pairs)
         subject = entry_subject(envelopes, prefix=self.subject_prefix, writer=self.writer)
         data = encode_envelope(envelope) if len(envelopes) == 1 else encode_entry(list(envelopes))
         retried: list[int] = []
@@ -338,20 +359,21 @@ class JetStreamEventLog:
         return [seq] * len(envelopes)
 
     async def _append_pipelined(self, envelopes: Sequence[Envelope]) -> list[int]:
-        """publish_async in windows; a window's acks are collected while the next one is sent."""
+        """Publishes in windows; a window's PubAcks are collected while the next one is sent."""
         seqs: list[int] = []
-        in_flight: list[tuple[Envelope, asyncio.Future[api.PubAck] | None]] = []
+        in_flight: list[tuple[Envelope, asyncio.Future[bytes] | None]] = []
+        stream_pair = (_H_EXPECTED_STREAM, self.stream)
         try:
             for start in range(0, len(envelopes), PIPELINE_WINDOW):
-                window: list[tuple[Envelope, asyncio.Future[api.PubAck] | None]] = []
+                window: list[tuple[Envelope, asyncio.Future[bytes] | None]] = []
                 for envelope in envelopes[start : start + PIPELINE_WINDOW]:
                     try:
-                        future: asyncio.Future[api.PubAck] | None = await self._js.publish_async(
+                        future: asyncio.Future[bytes] | None = await self._mux.submit(
                             subject_for(
                                 envelope.event, prefix=self.subject_prefix, writer=self.writer
-                            ),
+                            ).encode(),
                             encode_envelope(envelope),
-                            headers={H_MSG_ID: envelope.id, H_EXPECTED_STREAM: self.stream},
+                            header_block([(_H_MSG_ID, envelope.id), stream_pair]),
                         )
                     except nats.errors.OutboundBufferLimitError:
                         future = None  # disconnected and the buffer is full: append it alone
@@ -366,22 +388,17 @@ class JetStreamEventLog:
         return seqs
 
     async def _settle(
-        self, window: list[tuple[Envelope, asyncio.Future[api.PubAck] | None]]
+        self, window: list[tuple[Envelope, asyncio.Future[bytes] | None]]
     ) -> list[int]:
-        futures = {future for _, future in window if future is not None}
-        if futures:
-            _, late = await asyncio.wait(futures, timeout=REQUEST_TIMEOUT_S)
-            for overdue in late:
-                overdue.cancel()
+        # Every future ends within REQUEST_TIMEOUT_S: answered, or failed by the mux's sweeper.
         seqs: list[int] = []
-        for envelope, ack in window:
-            if ack is not None and not ack.cancelled():
-                error = ack.exception()
-                if error is None:
-                    seqs.append(ack.result().seq)
+        for envelope, future in window:
+            if future is not None:
+                try:
+                    seqs.append((await PubAckMux.result(future)).seq)
                     continue
-                if not isinstance(error, _RETRYABLE):
-                    raise error
+                except _RETRYABLE:
+                    pass
             # Not sent, no ack in time, or lost: appending again is safe, the msg id dedupes it.
             seqs.append(await self.append(envelope))
         return seqs
@@ -390,24 +407,25 @@ class JetStreamEventLog:
         self._check_open()
         if not subject_matches(subject, f"{self.subject_prefix}.>") or "*" in subject:
             raise ValueError(f"{subject!r} is not a subject of this log ({self.subject_prefix}.>)")
-        ack = await self._publish(subject, data, {H_EXPECTED_STREAM: self.stream})
+        ack = await self._publish(subject, data, header_block([(_H_EXPECTED_STREAM, self.stream)]))
         return ack.seq
 
     async def _publish(
         self,
         subject: str,
         data: bytes,
-        headers: dict[str, str],
+        headers: bytes,
         *,
         retried: list[int] | None = None,
-    ) -> api.PubAck:
+    ) -> PubAck:
         """Publish, retrying what may not have reached the server; each retry is noted in ``retried``."""
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + APPEND_RETRY_FOR_S
         delay = 0.05
+        wire_subject = subject.encode()
         while True:
             try:
-                return await self._js.publish(subject, data, headers=dict(headers))
+                return await self._mux.publish(wire_subject, data, headers)
             except _RETRYABLE as exc:
                 if self._closed or self._nc.is_closed or loop.time() + delay > give_up_at:
                     raise
@@ -660,12 +678,15 @@ class JetStreamEventLog:
                 buffer.get_nowait()
             buffer.put_nowait(None)
         if self._nc.is_closed:
+            self._mux.close()
             return
         try:
             await asyncio.wait_for(self._nc.drain(), timeout=REQUEST_TIMEOUT_S)
         except (TimeoutError, nats.errors.Error) as exc:
             logger.warning("draining the NATS connection: %r; closing it", exc)
             await self._nc.close()
+        finally:
+            self._mux.close()  # after the drain: PubAcks already on their way were read
 
     def _check_open(self) -> None:
         if self._closed:
@@ -674,20 +695,44 @@ class JetStreamEventLog:
     def _pull_again(self) -> None:
         """After a reconnect, pull requests may be gone with the old connection: renew them."""
         for subscription in self._subscriptions:
-            subscription._inbox.put_nowait(_PULL_AGAIN)
+            subscription._put(_PULL_AGAIN)
+
+    async def _send_ack(self, reply: bytes, verb: bytes) -> None:
+        await send_frame(self._nc, ack_frame(reply, verb))
+
+
+_Raw = tuple[bytes, bytes, bytes, bytes | None]
+"""One message of a subscriber's inbox as the raw sink got it: (subject, reply, data, headers)."""
 
 
 class JetStreamDelivery:
-    """One delivered message; its bytes are decoded on first look at ``entries`` (a subscriber
-    that already folded ``seq`` acks it without decoding it)."""
+    """One delivered message, kept as the bytes it arrived as; decoded on first look at
+    ``entries`` (a subscriber that already folded ``seq`` acks it without decoding it)."""
 
-    __slots__ = ("_done", "_entries", "_msg", "_subscription", "follows", "seq")
+    __slots__ = (
+        "_data",
+        "_done",
+        "_entries",
+        "_reply",
+        "_subject",
+        "_subscription",
+        "follows",
+        "seq",
+    )
 
     def __init__(
-        self, subscription: JetStreamSubscription, msg: Msg, seq: int, follows: int | None = None
+        self,
+        subscription: JetStreamSubscription,
+        subject: bytes,
+        reply: bytes,
+        data: bytes,
+        seq: int,
+        follows: int | None = None,
     ) -> None:
         self._subscription = subscription
-        self._msg = msg
+        self._subject = subject
+        self._reply = reply
+        self._data = data
         self.seq = seq
         self.follows = follows
         self._entries: tuple[Entry, ...] | None = None
@@ -700,29 +745,31 @@ class JetStreamDelivery:
     @property
     def entries(self) -> tuple[Entry, ...]:
         if self._entries is None:
-            msg = self._msg
-            self._entries = read_entries(self.seq, msg.subject, msg.data)
+            self._entries = read_entries(self.seq, self._subject.decode(), self._data)
         return self._entries
 
     async def ack(self) -> None:
         if not self._done:
             self._done = True
-            self._subscription._unacked.pop(self._msg.reply, None)
-            await self._msg.ack()
+            self._subscription._unacked.pop(self._reply, None)
+            await self._subscription._log._send_ack(self._reply, ACK)
 
     async def nak(self) -> None:
         if not self._done:
             self._done = True
-            self._subscription._unacked.pop(self._msg.reply, None)
-            await self._msg.nak()
+            self._subscription._unacked.pop(self._reply, None)
+            await self._subscription._log._send_ack(self._reply, NAK)
 
 
 class JetStreamSubscription:
     """One subscriber of a durable pull consumer.
 
-    The consumer is created (idempotently) on the first ``__anext__``. Closing the
-    subscription naks what it holds unacknowledged, so the next subscriber of the
-    durable gets those entries at once instead of after the ack wait.
+    The consumer is created (idempotently) on the first ``__anext__``. Its deliveries
+    arrive on a raw subscription (:meth:`LogClient.raw_subscribe`): the reader loop
+    appends each message's bytes to the inbox and wakes the iterator; nothing is parsed
+    until the message is taken. Closing the subscription naks what it holds
+    unacknowledged, so the next subscriber of the durable gets those entries at once
+    instead of after the ack wait.
     """
 
     def __init__(
@@ -734,44 +781,56 @@ class JetStreamSubscription:
         self.from_seq = from_seq
         self._skip_below = 0
         """Deliveries below this sequence were folded before: acked, not handed out."""
-        self._inbox: asyncio.Queue[Msg | str | None] = asyncio.Queue()
+        self._inbox: collections.deque[_Raw | str | None] = collections.deque()
+        """Messages as received, a renewal (``_PULL_AGAIN``), the end (None)."""
+        self._arrived = asyncio.Event()
         self._inbox_subject = ""
         self._nats_subscription: NatsSubscription | None = None
         self._requested = 0
-        self._unacked: dict[str, JetStreamDelivery] = {}
+        self._unacked: dict[bytes, JetStreamDelivery] = {}
         self._closed = False
-        self._held: collections.deque[Msg | str | None] = collections.deque()
-        """Taken from the inbox by ``take_ready`` but not a delivery: for ``__anext__``."""
         self._last_delivered: tuple[int, int] | None = None
         """(consumer sequence, stream sequence) of the last delivery seen, if it was a first
         delivery: the proof of ``Delivery.follows`` for the next one."""
+
+    def _put(self, item: _Raw | str | None) -> None:
+        self._inbox.append(item)
+        self._arrived.set()
+
+    def _on_raw(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        # The reader loop's sink (LogClient): no parsing, never raises.
+        self._inbox.append((subject, reply, data, headers))
+        self._arrived.set()
 
     def take_ready(self, limit: int) -> list[Delivery]:
         """Deliveries already received, at most ``limit``, without waiting (none: [])."""
         taken: list[Delivery] = []
         if self._closed or self._nats_subscription is None:
             return taken
-        while len(taken) < limit and not self._held and not self._inbox.empty():
-            msg = self._inbox.get_nowait()
-            if (
-                isinstance(msg, Msg)
-                and msg.reply
-                and not (msg.headers and msg.headers.get("Status") is not None)
-                and _stream_seq(msg) >= self._skip_below
-            ):
-                taken.append(self._deliver(msg))
-            else:
-                self._held.append(msg)  # a status, a renewal, the end: __anext__ handles it
+        inbox = self._inbox
+        while len(taken) < limit and inbox:
+            item = inbox[0]
+            if type(item) is tuple and item[1] and inline_status(item[3]) is None:
+                seq, delivered, consumer_seq = _reply_counts(item[1])
+                if seq >= self._skip_below:
+                    inbox.popleft()
+                    taken.append(self._deliver(item, seq, delivered, consumer_seq))
+                    continue
+            break  # a status, a renewal, the end, a folded entry: __anext__ handles it
         return taken
 
-    def _deliver(self, msg: Msg) -> JetStreamDelivery:
+    def _deliver(
+        self, item: _Raw, seq: int, delivered: int, consumer_seq: int
+    ) -> JetStreamDelivery:
         self._requested -= 1
-        seq = _stream_seq(msg)
-        delivery = JetStreamDelivery(self, msg, seq, self._follows(msg, seq))
-        self._unacked[msg.reply] = delivery
+        subject, reply, data, _ = item
+        delivery = JetStreamDelivery(
+            self, subject, reply, data, seq, self._follows(seq, delivered, consumer_seq)
+        )
+        self._unacked[reply] = delivery
         return delivery
 
-    def _follows(self, msg: Msg, seq: int) -> int | None:
+    def _follows(self, seq: int, delivered: int, consumer_seq: int) -> int | None:
         """``Delivery.follows`` of a message, seen in the order the consumer sent them.
 
         The consumer numbers every delivery it sends (first or again) and sends first
@@ -779,7 +838,6 @@ class JetStreamSubscription:
         of ``s`` is the filter's next entry after ``s``. Anything else (a redelivery, a
         delivery lost before it, the first one seen) proves nothing.
         """
-        delivered, consumer_seq = _delivery_counts(msg)
         last, self._last_delivered = (
             self._last_delivered,
             (consumer_seq, seq) if delivered == 1 else None,
@@ -811,13 +869,10 @@ class JetStreamSubscription:
             # created here: its first delivery is the filter's first entry from that sequence
             self._last_delivered = (0, created_at - 1)
         self._inbox_subject = self._log._nc.new_inbox()
-        self._nats_subscription = await self._log._nc.subscribe(
-            self._inbox_subject, cb=self._on_msg
+        self._nats_subscription = await self._log._nc.raw_subscribe(
+            self._inbox_subject, self._on_raw
         )
         self._log._subscriptions.add(self)
-
-    async def _on_msg(self, msg: Msg) -> None:
-        self._inbox.put_nowait(msg)
 
     async def _pull(self) -> None:
         request = {
@@ -832,6 +887,16 @@ class JetStreamSubscription:
         )
         self._requested = PULL_BATCH
 
+    async def _next_item(self) -> _Raw | str | None:
+        """The inbox's next item; waits for one (raises TimeoutError after no heartbeat)."""
+        while not self._inbox:
+            self._arrived.clear()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that arrives together with a message (SIGTERM under a burst).
+            async with asyncio.timeout(2 * PULL_HEARTBEAT_S + 1):
+                await self._arrived.wait()
+        return self._inbox.popleft()
+
     async def __anext__(self) -> Delivery:
         if self._closed:
             raise StopAsyncIteration
@@ -842,39 +907,38 @@ class JetStreamSubscription:
             if self._requested <= 0:
                 await self._pull()
             try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
-                # cancellation that arrives together with a message (SIGTERM under a burst).
-                async with asyncio.timeout(2 * PULL_HEARTBEAT_S + 1):
-                    msg = self._held.popleft() if self._held else await self._inbox.get()
+                item = await self._next_item()
             except TimeoutError:
                 # Not even a heartbeat: the pull request was lost (reconnect). Ask again.
                 self._requested = 0
                 continue
-            if msg is None:
+            if item is None:
                 if self._log._closed:
                     raise EventLogClosed(f"event log {self._log.stream} is closed")
                 raise StopAsyncIteration
-            if msg == _PULL_AGAIN:
+            if isinstance(item, str):  # _PULL_AGAIN
                 self._requested = 0
                 continue
-            assert isinstance(msg, Msg)
-            status = msg.headers.get("Status") if msg.headers else None
-            if status is None and msg.reply:
-                if (seq := _stream_seq(msg)) < self._skip_below:  # folded before it began
+            _, reply, _, headers = item
+            status = inline_status(headers)
+            if status is None and reply:
+                seq, delivered, consumer_seq = _reply_counts(reply)
+                if seq < self._skip_below:  # folded before it began
                     self._requested -= 1
-                    self._follows(msg, seq)
-                    await msg.ack()
+                    self._follows(seq, delivered, consumer_seq)
+                    await self._log._send_ack(reply, ACK)
                     continue
-                return self._deliver(msg)
-            if status == "100":
+                return self._deliver(item, seq, delivered, consumer_seq)
+            if status == b"100":
                 continue  # idle heartbeat
-            if status in ("404", "408"):
+            if status in (b"404", b"408"):
                 self._requested = 0  # request ended (expired); pull again
                 continue
-            description = msg.headers.get("Description", "") if msg.headers else ""
-            if status == "409" and "Consumer Deleted" in description:
+            description = status_description(headers) if headers else ""
+            if status == b"409" and "Consumer Deleted" in description:
                 raise EventLogClosed(f"durable {self.durable!r} was deleted")
-            logger.warning("durable %s: pull status %s %s", self.durable, status, description)
+            shown = status.decode("ascii", "replace") if status else None
+            logger.warning("durable %s: pull status %s %s", self.durable, shown, description)
             self._requested = 0
             await asyncio.sleep(UNEXPECTED_STATUS_BACKOFF_S)  # do not spin on a server that says no
 
@@ -883,31 +947,35 @@ class JetStreamSubscription:
             return
         self._closed = True
         self._log._subscriptions.discard(self)
-        if self._nats_subscription is not None and not self._log._nc.is_closed:
-            await _quietly(self._nats_subscription.unsubscribe(), "subscriber unsubscribe")
+        nc = self._log._nc
+        if self._nats_subscription is not None:
+            if not nc.is_closed:
+                await _quietly(self._nats_subscription.unsubscribe(), "subscriber unsubscribe")
+            nc.drop_raw(self._nats_subscription)
         for delivery in list(self._unacked.values()):
             await _quietly(delivery.nak(), "nak on close")
-        while self._held or not self._inbox.empty():
-            msg = self._held.popleft() if self._held else self._inbox.get_nowait()
-            if isinstance(msg, Msg) and msg.reply and not (msg.headers and "Status" in msg.headers):
-                await _quietly(msg.nak(), "nak on close")
-        self._inbox.put_nowait(None)
-        if not self._log._nc.is_closed:
-            await _quietly(self._log._nc.flush(timeout=2), "flush on close")
+        while self._inbox:
+            item = self._inbox.popleft()
+            if type(item) is tuple and item[1] and inline_status(item[3]) is None:
+                await _quietly(self._log._send_ack(item[1], NAK), "nak on close")
+        self._put(None)
+        if not nc.is_closed:
+            await _quietly(nc.flush(timeout=2), "flush on close")
+
+
+def _reply_counts(reply: bytes) -> tuple[int, int, int]:
+    """(stream sequence, times delivered, consumer sequence) from a JetStream reply subject
+    (``$JS.ACK.…``), v1 or v2 layout."""
+    tokens = reply.split(b".")
+    if len(tokens) == 9:
+        return int(tokens[5]), int(tokens[4]), int(tokens[6])
+    return int(tokens[7]), int(tokens[6]), int(tokens[8])
 
 
 def _stream_seq(msg: Msg) -> int:
     """The stream sequence from a JetStream reply subject (``$JS.ACK.…``), v1 or v2 layout."""
     tokens = msg.reply.split(".")
     return int(tokens[5] if len(tokens) == 9 else tokens[7])
-
-
-def _delivery_counts(msg: Msg) -> tuple[int, int]:
-    """(times delivered, consumer sequence) from a JetStream reply subject, v1 or v2 layout."""
-    tokens = msg.reply.split(".")
-    if len(tokens) == 9:
-        return int(tokens[4]), int(tokens[6])
-    return int(tokens[6]), int(tokens[8])
 
 
 async def _quietly(awaitable: Any, what: str) -> None:
@@ -945,7 +1013,7 @@ async def _connect(
     wait_for_server: float,
     events: _ConnectionEvents,
     options: dict[str, Any] | None = None,
-) -> NatsClient:
+) -> LogClient:
     client = LogClient()
     try:
         await asyncio.wait_for(
