@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import nats
@@ -269,6 +270,13 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
     )
     print(
         f"  CPU pressure: some runnable task waited for a core {pressure / elapsed:.0%} of the run"
+    )
+    kinds = Counter(
+        type(entry.envelope.event).__name__ for entry in entries if isinstance(entry, StoredEvent)
+    )
+    print(
+        f"  the log: {len(entries)} entries; "
+        + ", ".join(f"{name} {count}" for name, count in kinds.most_common())
     )
     print(f"placements per second (first to last Assigned): {len(assigned_times) / span:.1f}")
     print(f"whole runs per second (ready -> ran -> released, end to end): {pods / elapsed:.1f}")

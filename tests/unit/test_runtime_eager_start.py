@@ -119,3 +119,24 @@ async def test_cancelled_before_its_first_step_the_coroutine_is_still_closed() -
     with pytest.raises(asyncio.CancelledError):
         await task
     assert cleaned == ["finally"]
+
+
+async def test_the_first_part_runs_as_the_new_task_not_as_the_caller() -> None:
+    seen: list[asyncio.Task[object] | None] = []
+    caller = asyncio.current_task()
+
+    async def work() -> str:
+        seen.append(asyncio.current_task())
+        # a timeout entered in the first part belongs to this task: when it expires, this
+        # task is cancelled (and gets TimeoutError), never the caller
+        async with asyncio.timeout(0):
+            await asyncio.Event().wait()
+        return "not reached"
+
+    task = start_now(work())
+
+    assert seen == [task]
+    assert asyncio.current_task() is caller  # the caller is the running task again
+    with pytest.raises(TimeoutError):
+        await task
+    assert caller is not None and not caller.cancelling()

@@ -5,13 +5,13 @@ loop, after every callback already waiting there (other connections' messages, o
 tasks). A decision started from a batch of deliveries (the admission-queue's, one task
 per node so the consumer goes on folding) would wait that turn before it even decides;
 started eagerly, it decides and hands its publish to the connection within the caller's
-step, and becomes a task only when it waits for the PubAck.
+step, and waits for the PubAck as a task.
 
-Python 3.12 has this built in (``asyncio.Task(..., eager_start=True)``); on 3.11 the
-coroutine is driven by hand up to its first suspension, and a task drives the rest. The
-difference that remains on 3.11: while the first part runs, ``asyncio.current_task()``
-is the caller's task (nothing on the services' paths asks before it first waits:
-``asyncio.Lock`` and 3.11's ``asyncio.wait_for`` do not).
+Python 3.12 has this built in (``asyncio.Task(..., eager_start=True)``). On 3.11 the task
+is made first and entered as the running task (``asyncio.current_task()`` is the new task,
+so ``asyncio.timeout`` and cancellation inside the first part belong to it); the
+coroutine is driven by hand up to its first suspension; the task's own first step then
+drives the rest.
 """
 
 from __future__ import annotations
@@ -27,31 +27,51 @@ T = TypeVar("T")
 
 def start_now(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
     """A task of ``coro`` whose first part (up to its first suspension) has already run."""
+    loop = asyncio.get_running_loop()
     if sys.version_info >= (3, 12):
-        return asyncio.Task(coro, loop=asyncio.get_running_loop(), name=name, eager_start=True)
+        return asyncio.Task(coro, loop=loop, name=name, eager_start=True)
+    first = _FirstPart(coro)
+    task = loop.create_task(first.rest(), name=name)
+    caller = asyncio.current_task(loop)
+    if caller is not None:
+        asyncio.tasks._leave_task(loop, caller)
+    asyncio.tasks._enter_task(loop, task)
     try:
-        yielded = coro.send(None)
-    except StopIteration as stop:
-        return asyncio.create_task(_finished(stop.value), name=name)
-    except BaseException as error:  # the task's outcome, whatever it is
-        return asyncio.create_task(_failed(error), name=name)
-    task = asyncio.create_task(_rest(coro, yielded), name=name)
-    # cancelled before its first step the task never runs ``_rest``: the coroutine is
-    # closed then (its ``finally`` blocks run); once it finished, closing does nothing
+        first.run()
+    finally:
+        asyncio.tasks._leave_task(loop, task)
+        if caller is not None:
+            asyncio.tasks._enter_task(loop, caller)
+    # cancelled before its first step the task never runs ``rest``: the coroutine is closed
+    # then (its ``finally`` blocks run); once it finished, closing does nothing
     task.add_done_callback(lambda _: coro.close())
     return task
 
 
-async def _finished(value: T) -> T:
-    return value
+class _FirstPart:
+    """A coroutine run by hand up to its first suspension, and what that gave."""
 
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self.coro = coro
+        self.yielded: Any = None
+        self.outcome: tuple[bool, Any] | None = None
+        """(finished, its value) or (raised, the error): it ended within the first part."""
 
-async def _failed(error: BaseException) -> Any:
-    raise error
+    def run(self) -> None:
+        try:
+            self.yielded = self.coro.send(None)
+        except StopIteration as stop:
+            self.outcome = (True, stop.value)
+        except BaseException as error:  # the task's outcome, whatever it is
+            self.outcome = (False, error)
 
-
-async def _rest(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
-    return await _drive(coro, yielded)
+    async def rest(self) -> Any:
+        if self.outcome is not None:
+            finished, value = self.outcome
+            if finished:
+                return value
+            raise value
+        return await _drive(self.coro, self.yielded)
 
 
 @types.coroutine
