@@ -56,10 +56,11 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.msg import Msg
@@ -313,12 +314,16 @@ SPLIT_POINTS = (
 """The stamps of ``--split``, in the order they usually come (relative to "stored")."""
 
 
+_ABSENT = object()
+
+
 class Stamps:
     """``--split``: perf_counter stamps of one decision, the first of each point per round."""
 
     def __init__(self) -> None:
         self.round: dict[str, float] = {}
         self.rounds: list[dict[str, float]] = []
+        self._undo: list[tuple[object, str, object]] = []
 
     def __call__(self, point: str) -> None:
         if point not in self.round:
@@ -332,79 +337,113 @@ class Stamps:
     def instrument(
         self, executor_log: JetStreamEventLog, admission_log: JetStreamEventLog, service: object
     ) -> None:
-        """Wrap the points of the path (instances only, and the decider's ``decide``)."""
+        """Wrap the points of the path (instances, the subscription class, the decider's
+        ``decide``; undone by :meth:`restore`). A point the code does not have (another
+        transport) is left out of the table."""
         import gpupool.eventlog.jetstream as jetstream
         import gpupool.runtime.decider as decider
 
         stamp = self
 
+        def wrap(owner: object, name: str, make: Callable[[Any], Any]) -> None:
+            original = getattr(owner, name, None)
+            if original is None:
+                return
+            self._undo.append((owner, name, vars(owner).get(name, _ABSENT)))
+            setattr(owner, name, make(original))
+
         def on_writes(log: JetStreamEventLog, point: str, after: str | None) -> None:
-            transport = log._nc._transport  # type: ignore[attr-defined]
-            writelines = transport.writelines
+            def make(writelines: Callable[..., object]) -> Callable[..., object]:
+                def stamped(*args: object) -> object:
+                    if after is None or after in stamp.round:
+                        stamp(point)
+                    return writelines(*args)
 
-            def stamped(*args: object) -> object:
-                if after is None or after in stamp.round:
-                    stamp(point)
-                return writelines(*args)
+                return stamped
 
-            transport.writelines = stamped
+            transport = getattr(getattr(log, "_nc", None), "_transport", None)
+            if transport is not None:
+                wrap(transport, "writelines", make)
 
         on_writes(executor_log, "executor written", None)
         on_writes(admission_log, "assigned written", "append called")
-        parser = admission_log._nc._ps  # type: ignore[attr-defined]
-        parse = parser.parse
 
-        async def parsed(data: bytes = b"") -> None:
-            stamp("aq bytes read")
-            await parse(data)
+        def make_parse(parse: Callable[[bytes], Awaitable[None]]) -> Callable[..., object]:
+            async def parsed(data: bytes = b"") -> None:
+                stamp("aq bytes read")
+                await parse(data)
 
-        parser.parse = parsed
-        on_msg = jetstream.JetStreamSubscription._on_msg
-        anext_ = jetstream.JetStreamSubscription.__anext__
+            return parsed
 
-        async def handed(sub: jetstream.JetStreamSubscription, msg: Msg) -> None:
-            if sub.durable == "bench-aq":
-                stamp("aq handed over")
-            await on_msg(sub, msg)
+        parser = getattr(getattr(admission_log, "_nc", None), "_ps", None)
+        if parser is not None:
+            wrap(parser, "parse", make_parse)
+        subscription = getattr(jetstream, "JetStreamSubscription", None)
 
-        async def taken(sub: jetstream.JetStreamSubscription) -> object:
-            delivery = await anext_(sub)
-            if sub.durable == "bench-aq":
-                stamp("aq taken")
-            return delivery
+        def make_handed(on_msg: Callable[..., Awaitable[None]]) -> Callable[..., object]:
+            async def handed(sub: Any, msg: Msg) -> None:
+                if getattr(sub, "durable", "") == "bench-aq":
+                    stamp("aq handed over")
+                await on_msg(sub, msg)
 
-        jetstream.JetStreamSubscription._on_msg = handed  # type: ignore[method-assign]
-        jetstream.JetStreamSubscription.__anext__ = taken  # type: ignore[method-assign]
-        react_batch = getattr(service, "react_batch", None)
-        if react_batch is not None:
+            return handed
 
+        def make_taken(anext_: Callable[..., Awaitable[object]]) -> Callable[..., object]:
+            async def taken(sub: Any) -> object:
+                delivery = await anext_(sub)
+                if getattr(sub, "durable", "") == "bench-aq":
+                    stamp("aq taken")
+                return delivery
+
+            return taken
+
+        if subscription is not None:
+            wrap(subscription, "_on_msg", make_handed)
+            wrap(subscription, "__anext__", make_taken)
+
+        def make_reacting(react_batch: Callable[..., Awaitable[None]]) -> Callable[..., object]:
             async def reacting(entries: list[StoredEvent]) -> None:
                 stamp("aq reacting")
                 await react_batch(entries)
 
-            service.react_batch = reacting  # type: ignore[attr-defined]
-        decide_ = decider.decide
+            return reacting
 
-        def deciding(state: State, command: object, now: datetime) -> object:
-            if type(command) is Schedule:
-                stamp("decide started")
+        wrap(service, "react_batch", make_reacting)
+
+        def make_deciding(decide_: Callable[..., object]) -> Callable[..., object]:
+            def deciding(state: State, command: object, now: datetime) -> object:
+                if type(command) is Schedule:
+                    stamp("decide started")
+                    try:
+                        return decide_(state, command, now)
+                    finally:
+                        stamp("decide done")
+                return decide_(state, command, now)
+
+            return deciding
+
+        wrap(decider, "decide", make_deciding)
+
+        def make_appending(append_decision: Callable[..., Awaitable[int]]) -> Callable[..., object]:
+            async def appending(*args: object, **kwargs: object) -> int:
+                stamp("append called")
                 try:
-                    return decide_(state, command, now)  # type: ignore[arg-type]
+                    return await append_decision(*args, **kwargs)
                 finally:
-                    stamp("decide done")
-            return decide_(state, command, now)  # type: ignore[arg-type]
+                    stamp("puback")
 
-        decider.decide = deciding  # type: ignore[assignment]
-        append_decision = admission_log.append_decision
+            return appending
 
-        async def appending(*args: object, **kwargs: object) -> int:
-            stamp("append called")
-            try:
-                return await append_decision(*args, **kwargs)  # type: ignore[arg-type]
-            finally:
-                stamp("puback")
+        wrap(admission_log, "append_decision", make_appending)
 
-        admission_log.append_decision = appending  # type: ignore[method-assign]
+    def restore(self) -> None:
+        """Undo :meth:`instrument` (the bursts after the latency row run unwrapped)."""
+        while self._undo:
+            owner, name, before = self._undo.pop()
+            if before is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
 
     def table(self) -> list[tuple[str, float, float, float, int]]:
         """Per point: median, p10, p90 of (point - stored) in ms, and how many rounds had it."""
@@ -530,6 +569,7 @@ async def latency(
             await executor.execute(ReportRelease(pod=pod, node="n", reason="completed"), node="n")
         if stamps is not None:
             stamps.next_round()
+            stamps.restore()
         for task in (consumer, follower):
             task.cancel()
         await asyncio.gather(consumer, follower, return_exceptions=True)
