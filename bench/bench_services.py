@@ -2,10 +2,15 @@
 
 Starts the local stack (real nats-server, the four services as processes, 8 SIMULATED
 GPUs), then runs workloads through the node-executor's socket exactly as `gpupool run`
-does (in-process clients; each command is a real `true` process). Latency is read from
-the log's own timestamps (PodReady.time -> Assigned.time). The baseline, measured in the
-same run on the same server: one JetStream publish -> the same message arriving at an
-ordered consumer. Prints tables; asserts nothing.
+does (in-process clients; each command is a real `true` process). Latency is PodReady
+stored -> Assigned stored: the server's own store time of each entry (JetStream's
+message timestamp); the log's envelope times (each decider's clock when it decided) split
+it: PodReady stored -> the admission-queue deciding -> its Assigned stored. The
+baseline, measured in the same run on the same server: one JetStream publish -> the same
+message arriving at an ordered consumer. Beside it, where the machine's CPU went during
+the run: each service's CPU seconds, the nats-server's, the whole machine's, and the
+kernel's CPU pressure (the share of the run during which some runnable task waited for a
+core). Prints tables; asserts nothing.
 
     python bench/bench_services.py [--pods 200] [--gpus 8]
 """
@@ -19,9 +24,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import nats
+from nats.aio.msg import Msg
 
 from gpupool.cli.local_stack import StackSettings, local_stack
 from gpupool.eventlog.jetstream import JetStreamEventLog
@@ -73,6 +80,67 @@ async def raw_round_trip(url: str, count: int) -> list[float]:
     return samples
 
 
+async def stored_times(url: str, stream: str, prefix: str) -> dict[int, float]:
+    """Every entry's store time (JetStream's message timestamp, wall clock), by sequence."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    info = await js.stream_info(stream)
+    last = info.state.last_seq
+    times: dict[int, float] = {}
+    done = asyncio.Event()
+
+    async def on_msg(msg: Msg) -> None:
+        meta = msg.metadata
+        times[meta.sequence.stream] = meta.timestamp.timestamp()
+        if meta.sequence.stream >= last:
+            done.set()
+
+    subscription = await js.subscribe(
+        f"{prefix}.>", stream=stream, cb=on_msg, ordered_consumer=True
+    )
+    async with asyncio.timeout(60):
+        await done.wait()
+    await subscription.unsubscribe()
+    await nc.close()
+    return times
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(its own, its waited-for children's) CPU seconds, user + system, of a process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    hz = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / hz, (int(fields[13]) + int(fields[14])) / hz
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (/proc/stat)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = values[3] + values[4]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(values) - idle) / hz, sum(values) / hz
+
+
+def cpu_pressure() -> float:
+    """Seconds during which some runnable task waited for a CPU (PSI), so far; nan: none."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return float("nan")
+    return int(line.rsplit("total=", 1)[1]) / 1e6
+
+
+def nats_server_pid() -> int | None:
+    """The nats-server this process started (its child, by command name)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, _, rest = stat.read_text().rpartition(")")
+        except OSError:
+            continue
+        if head.endswith("(nats-server") and int(rest.split()[1]) == os.getpid():
+            return int(stat.parent.name)
+    return None
+
+
 async def run_pods(socket: Path, pods: int, concurrency: int) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     semaphore = asyncio.Semaphore(concurrency)
@@ -115,23 +183,52 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
         )
         async with local_stack(settings) as stack:
             baseline = await raw_round_trip(stack.nats_url, 1000)
+            pids = {  # the node-executor's figure includes its reaped `true` processes
+                name: service.process.pid
+                for name, service in stack.services.items()
+                if service.process is not None
+            }
+            server_pid = nats_server_pid()
+            if server_pid is not None:
+                pids["nats-server"] = server_pid
+            pids["bench (the 16 clients)"] = os.getpid()
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            busy_before, pressure_before = machine_busy(), cpu_pressure()
             started = time.perf_counter()
             await run_pods(stack.socket_path, pods, concurrency)
             elapsed = time.perf_counter() - started
+            busy_after, pressure_after = machine_busy(), cpu_pressure()
+            cpu = {
+                name: tuple(
+                    after - before
+                    for after, before in zip(cpu_seconds(pid), cpu_before[name], strict=True)
+                )
+                for name, pid in pids.items()
+            }
             log = await JetStreamEventLog.connect(stack.nats_url)
             entries = [e async for e in log.replay()]
+            stream, prefix = log.stream, log.subject_prefix
             await log.close()
-    ready: dict[PodRef, float] = {}
+            stored = await stored_times(stack.nats_url, stream, prefix)
+    ready: dict[PodRef, tuple[float, float]] = {}
     latencies: list[float] = []
+    to_decision: list[float] = []
+    to_store: list[float] = []
+    executor_publish: list[float] = []
     assigned_times: list[float] = []
     for entry in entries:
         if not isinstance(entry, StoredEvent):
             continue
         event, when = entry.envelope.event, entry.envelope.time.timestamp()
+        at = stored.get(entry.seq, float("nan"))
         if isinstance(event, PodReady):
-            ready[event.pod] = when
+            ready[event.pod] = (when, at)
+            executor_publish.append(at - when)
         elif isinstance(event, Assigned) and event.pod in ready:
-            latencies.append(when - ready.pop(event.pod))
+            _, ready_at = ready.pop(event.pod)
+            latencies.append(at - ready_at)
+            to_decision.append(when - ready_at)
+            to_store.append(at - when)
             assigned_times.append(when)
     span = max(assigned_times) - min(assigned_times) if len(assigned_times) > 1 else float("nan")
     ms = 1000.0
@@ -142,7 +239,10 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
     print(f"{'measure':<44}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
     rows = [
         ("raw JetStream publish -> ordered consumer", baseline),
-        ("PodReady -> Assigned through all services", latencies),
+        ("PodReady stored -> Assigned stored", latencies),
+        ("  PodReady stored -> admission-queue decides", to_decision),
+        ("  admission-queue decides -> Assigned stored", to_store),
+        ("(executor decides -> PodReady stored)", executor_publish),
     ]
     for name, values in rows:
         print(
@@ -150,7 +250,34 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
             f"{statistics.fmean(values) * ms:>10.2f}"
         )
     ratio = percentile(latencies, 0.5) / percentile(baseline, 0.5)
-    print(f"\nratio PodReady->Assigned p50 / raw round trip p50: {ratio:.1f}x")
+    ratio99 = percentile(latencies, 0.99) / percentile(baseline, 0.99)
+    print(
+        f"\nratio PodReady stored -> Assigned stored / raw round trip: p50 {ratio:.1f}x, "
+        f"p99 {ratio99:.1f}x"
+    )
+    busy = busy_after[0] - busy_before[0]
+    capacity = busy_after[1] - busy_before[1]
+    pressure = pressure_after - pressure_before
+    print(f"\nCPU during the run ({elapsed:.2f} s wall, {os.cpu_count()} CPUs):")
+    for name, (own, children) in sorted(cpu.items(), key=lambda item: -sum(item[1])):
+        print(
+            f"  {name:<36}{own:>7.2f} cpu s ({own / elapsed:.0%} of a core)"
+            + (f"; its child processes {children:.2f} cpu s" if children else "")
+        )
+    print(
+        f"  {'whole machine (every process)':<36}{busy:>7.2f} cpu s "
+        f"({busy / capacity:.0%} of its CPUs busy)"
+    )
+    print(
+        f"  CPU pressure: some runnable task waited for a core {pressure / elapsed:.0%} of the run"
+    )
+    kinds = Counter(
+        type(entry.envelope.event).__name__ for entry in entries if isinstance(entry, StoredEvent)
+    )
+    print(
+        f"  the log: {len(entries)} entries; "
+        + ", ".join(f"{name} {count}" for name, count in kinds.most_common())
+    )
     print(f"placements per second (first to last Assigned): {len(assigned_times) / span:.1f}")
     print(f"whole runs per second (ready -> ran -> released, end to end): {pods / elapsed:.1f}")
 

@@ -32,3 +32,16 @@ async def test_a_cancelled_background_task_is_not_a_failure() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not loop.failed.is_set()
+
+
+async def test_an_eager_background_task_that_fails_at_once_is_recorded_within_the_call() -> None:
+    loop = DeciderLoop(InMemoryEventLog(), service="test")
+
+    async def broken() -> None:
+        raise OSError("the connection is gone")
+
+    task = loop.background(broken(), name="broken", eager=True)
+
+    assert loop.failed.is_set()  # it ran within background(): no turn of the loop needed
+    await task
+    assert isinstance(loop.failure, OSError)

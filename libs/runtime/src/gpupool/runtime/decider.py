@@ -49,6 +49,7 @@ from gpupool.events import (
     encode_envelope,
     event_node,
 )
+from gpupool.runtime.eager import start_now
 from gpupool.runtime.projection import Projection, Refused
 
 
@@ -177,8 +178,14 @@ class DeciderLoop:
         """Where the durable starts: after the rebuild (catch-ups and own appends beyond it
         are delivered, and reacted to only if a catch-up folded them)."""
 
-    def background(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
-        """Run ``work`` beside the consumer; if it fails, the service stops with its error."""
+    def background(
+        self, work: Coroutine[Any, Any, None], *, name: str, eager: bool = False
+    ) -> asyncio.Task[None]:
+        """Run ``work`` beside the consumer; if it fails, the service stops with its error.
+
+        ``eager``: ``work`` runs at once, within the caller's step, up to its first
+        suspension (:func:`gpupool.runtime.eager.start_now`); it may even have finished
+        when this returns."""
 
         async def guarded() -> None:
             try:
@@ -191,6 +198,8 @@ class DeciderLoop:
                     self.failure = error
                 self.failed.set()
 
+        if eager:
+            return start_now(guarded(), name=name)
         return asyncio.create_task(guarded(), name=name)
 
     async def rebuild(self) -> int:

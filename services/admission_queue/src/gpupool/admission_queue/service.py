@@ -34,8 +34,10 @@ class AdmissionQueue:
         self._loop: DeciderLoop | None = None
         self.pipelined = pipelined
         """``react_batch`` returns before the decisions it started have landed."""
+        self._busy: set[str] = set()
+        """Nodes with a decision in flight."""
         self._deciding: dict[str, asyncio.Task[None]] = {}
-        """The node's decision task, while one runs."""
+        """The node's decision task, while it waits (for its PubAck, for a lock)."""
         self._again: dict[str, Envelope | None] = {}
         """Nodes poked while their decision was in flight, with the latest cause."""
 
@@ -65,13 +67,21 @@ class AdmissionQueue:
             await asyncio.gather(*self._deciding.values(), return_exceptions=True)
 
     def _poke(self, node: str, cause: Envelope) -> None:
-        if node in self._deciding:
+        """Decide for ``node`` now, or once more after the decision in flight.
+
+        The decision starts at once (eagerly): it decides and hands its publish to the
+        connection before this returns, and waits for its PubAck as a task (a task only
+        scheduled would wait for a turn of the event loop before it decided)."""
+        if node in self._busy:
             self._again[node] = cause  # decided once more, after the one in flight
             return
         assert self._loop is not None
-        self._deciding[node] = self._loop.background(
-            self._decide_while_poked(node, cause), name=f"schedule {node}"
+        self._busy.add(node)
+        task = self._loop.background(
+            self._decide_while_poked(node, cause), name=f"schedule {node}", eager=True
         )
+        if node in self._busy:  # not finished within this step (it waits for its PubAck)
+            self._deciding[node] = task
 
     async def _decide_while_poked(self, node: str, cause: Envelope | None) -> None:
         try:
@@ -81,6 +91,7 @@ class AdmissionQueue:
                     return
                 cause = self._again.pop(node)
         finally:
+            self._busy.discard(node)
             self._deciding.pop(node, None)
             self._again.pop(node, None)
 
