@@ -15,6 +15,13 @@ synchronous *sink* for a subscription: the reader loop calls it with the undecod
 parts of every message of that subscription, and nothing else is done for it. Every
 other subscription is nats-py's own.
 
+The reader loop itself takes the frames of raw subscriptions first (:class:`_RawFirstParser`):
+a frame of a raw subscription that is whole in the buffer is cut out and handed to its
+sink without nats-py's regular expressions and without an ``await`` per message; the
+first frame that is anything else (another subscription's, a PING, an INFO, a frame
+still arriving) goes, with everything after it, to nats-py's own parser, so the order
+of the connection is kept.
+
 The sink runs inside the client's reader loop: it must not block and must not raise
 (an exception would end the reader loop); it should append to a buffer and wake a
 waiter. :func:`inline_status` reads a status message's code from the header block.
@@ -27,6 +34,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
 
 RawSink = Callable[[bytes, bytes, bytes, bytes | None], None]
 """``sink(subject, reply, data, headers)``: the undecoded parts of one message; ``headers``
@@ -68,12 +76,70 @@ async def _never_called(msg: Any) -> None:  # pragma: no cover - a raw sid never
     raise AssertionError("a raw subscription's message reached nats-py's callback")
 
 
+class _RawFirstParser(Parser):
+    """nats-py's parser, with the whole frames of raw subscriptions taken first (see above)."""
+
+    nc: LogClient
+
+    async def parse(self, data: bytes = b"") -> None:
+        sinks = self.nc._raw_sinks
+        if self.state != AWAITING_CONTROL_LINE or not sinks:
+            await super().parse(data)
+            return
+        buf = self.buf
+        buf.extend(data)
+        size = len(buf)
+        subs = self.nc._subs
+        stats = self.nc.stats
+        pos = 0
+        while pos < size:
+            if buf.startswith(b"HMSG ", pos):
+                headered = True
+            elif buf.startswith(b"MSG ", pos):
+                headered = False
+            else:
+                break
+            end = buf.find(b"\r\n", pos, pos + 4096)
+            if end < 0:
+                break
+            args = bytes(buf[pos:end]).split()
+            count = len(args)
+            # MSG <subject> <sid> [reply] <size>; HMSG <subject> <sid> [reply] <hdr size> <size>
+            if count < (5 if headered else 4) or count > (6 if headered else 5):
+                break
+            if not args[2].isdigit():
+                break
+            sid = int(args[2])
+            sink = sinks.get(sid)
+            if sink is None or sid not in subs:
+                break
+            if not (args[-1].isdigit() and (not headered or args[-2].isdigit())):
+                break
+            total = int(args[-1])
+            header_size = int(args[-2]) if headered else 0
+            reply = args[3] if count == (6 if headered else 5) else b""
+            start = end + 2
+            if start + total + 2 > size or header_size > total:
+                break  # not all here yet: nats-py's parser waits for the rest
+            headers = bytes(buf[start : start + header_size]) if header_size else None
+            payload = bytes(buf[start + header_size : start + total])
+            pos = start + total + 2
+            stats["in_msgs"] += 1
+            stats["in_bytes"] += total - header_size
+            sink(args[1], reply, payload, headers)
+        if pos:
+            del buf[:pos]
+        if buf:
+            await super().parse()
+
+
 class LogClient(Client):
     """A nats-py client whose raw subscriptions skip the per-message machinery."""
 
     def __init__(self) -> None:
         super().__init__()
         self._raw_sinks: dict[int, RawSink] = {}
+        self._ps = _RawFirstParser(self)
 
     async def raw_subscribe(self, subject: str, sink: RawSink) -> Subscription:
         """Subscribe ``subject`` with ``sink`` called for each message (see the module).
