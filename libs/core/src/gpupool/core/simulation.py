@@ -131,15 +131,6 @@ _Timer = ScenarioAction | _PreemptionCheck | _Completion
 
 
 def pod_manifest(pod: ScenarioPod) -> PodManifest:
-    requests: dict[str, str | int] = {}
-    limits: dict[str, str | int] = {}
-    for table, share in ((requests, pod.requests), (limits, pod.limits)):
-        if share is None:
-            continue
-        if share.core is not None:
-            table[CORE_RESOURCE] = share.core
-        if share.memory is not None:
-            table[MEMORY_RESOURCE] = share.memory
     return PodManifest(
         namespace=pod.namespace,
         name=pod.name,
@@ -147,8 +138,23 @@ def pod_manifest(pod: ScenarioPod) -> PodManifest:
         uid=f"uid-{pod.namespace}-{pod.name}",
         labels={COMPUTE_CLASS_LABEL: pod.compute_class, POLICY_LABEL: pod.policy},
         priority=pod.priority,
-        containers=(ContainerResources(name="main", requests=requests, limits=limits),),
+        containers=(
+            ContainerResources(
+                name="main", requests=_share_table(pod.requests), limits=_share_table(pod.limits)
+            ),
+        ),
     )
+
+
+def _share_table(share: ScenarioShare | None) -> dict[str, str | int]:
+    """A container's requests or limits as a manifest writes them (only what is set)."""
+    table: dict[str, str | int] = {}
+    if share is not None:
+        if share.core is not None:
+            table[CORE_RESOURCE] = share.core
+        if share.memory is not None:
+            table[MEMORY_RESOURCE] = share.memory
+    return table
 
 
 class Simulator:

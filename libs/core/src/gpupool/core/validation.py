@@ -101,8 +101,12 @@ def validate_pod(manifest: PodManifest) -> PodSpec | Rejection:
             message=f"only one container per pod may use GPU sharing; found {names}",
         )
     container = sharing[0]
-    values: dict[tuple[str, str], int] = {}
-    for kind, table in (("requests", container.requests), ("limits", container.limits)):
+    requests: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    for kind, table, found in (
+        ("requests", container.requests, requests),
+        ("limits", container.limits, limits),
+    ):
         for resource in SHARE_RESOURCES:
             if resource not in table:
                 continue
@@ -115,21 +119,21 @@ def validate_pod(manifest: PodManifest) -> PodSpec | Rejection:
                     message=f"container {container.name!r} {kind}[{resource}] is "
                     f"{table[resource]!r}: {parsed}",
                 )
-            values[(kind, resource)] = parsed
+            found[resource] = parsed
     for resource in SHARE_RESOURCES:
-        if ("requests", resource) not in values and ("limits", resource) not in values:
+        if resource not in requests and resource not in limits:
             return Rejection(
                 reason="MissingShareResource",
                 message=f"container {container.name!r} must set {resource} "
                 f"(both {CORE_RESOURCE} and {MEMORY_RESOURCE} are required)",
             )
-        if ("requests", resource) not in values:
+        if resource not in requests:
             return Rejection(
                 reason="MissingRequest",
                 message=f"container {container.name!r} sets a limit but no request for {resource}",
             )
-        request = values[("requests", resource)]
-        limit = values.setdefault(("limits", resource), request)
+        request = requests[resource]
+        limit = limits.setdefault(resource, request)
         if limit < request:
             return Rejection(
                 reason="LimitBelowRequest",
@@ -138,12 +142,8 @@ def validate_pod(manifest: PodManifest) -> PodSpec | Rejection:
             )
     return PodSpec(
         policy=policy,
-        requests=Share(
-            core=values[("requests", CORE_RESOURCE)], memory=values[("requests", MEMORY_RESOURCE)]
-        ),
-        limits=Share(
-            core=values[("limits", CORE_RESOURCE)], memory=values[("limits", MEMORY_RESOURCE)]
-        ),
+        requests=Share(core=requests[CORE_RESOURCE], memory=requests[MEMORY_RESOURCE]),
+        limits=Share(core=limits[CORE_RESOURCE], memory=limits[MEMORY_RESOURCE]),
     )
 
 
