@@ -117,6 +117,11 @@ _LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
 CONSUMER_EXISTS = 10148
 """JetStream's error code for a ``create`` of a consumer that exists."""
 
+FRESH_SLOT_LAG = PULL_BATCH
+"""A claimed durable lagging more entries than this behind where its service's rebuild ended
+is left to expire, and a fresh slot claimed there (``_claim_durable``); a smaller lag is
+delivered again and acked unread (cheaper than holding a second slot for 5 minutes)."""
+
 CLAIM_RETRY_S = 5.0
 """How often a replica that found every durable slot claimed looks again."""
 
@@ -559,7 +564,7 @@ class JetStreamEventLog:
                 f"durable {durable!r} exists with filter {info.config.filter_subject!r}, "
                 f"not {subject_filter!r}"
             )
-        acked = (info.ack_floor.stream_seq if info.ack_floor is not None else 0) or 0
+        acked = _acked(info)
         if acked + 1 >= from_seq:
             return 0
         logger.info(
@@ -576,11 +581,23 @@ class JetStreamEventLog:
     ) -> tuple[str, int]:
         """One of ``durable_names(base)`` for ``claimant``: the one it claimed before (resumed),
         else the first free one, created with the ``create`` action (the server refuses it
-        if another replica created it first). Returns (its name, skip below)."""
+        if another replica created it first). Returns (its name, skip below).
+
+        A claimed slot that lags more than :data:`FRESH_SLOT_LAG` entries behind ``from_seq``
+        (a rebuild from zero, a snapshot newer than the slot's acks) is not resumed when a
+        slot is free: a fresh one is claimed at ``from_seq`` and the lagging one, pulled by
+        nobody, expires after ``SLOT_INACTIVE_SECONDS`` (no credential may delete it).
+        Resuming it would deliver every folded entry again, each acked unread. Of the
+        claimant's slots the one acknowledged furthest is taken, so a restart after that
+        resumes the fresh slot; a claimant holds at most two (the fresh one and one left
+        behind): with two lagging, the better is resumed and what it delivers below
+        ``from_seq`` is passed over, as before, and no further slot is taken from the other
+        replicas."""
         names = durable_names(base)
         give_up_at = asyncio.get_running_loop().time() + SLOT_INACTIVE_SECONDS + 60
         while True:
             free: list[str] = []
+            ours: list[tuple[int, str, api.ConsumerInfo]] = []
             for name in names:
                 try:
                     info = await self._consumer_info(name)
@@ -588,7 +605,21 @@ class JetStreamEventLog:
                     free.append(name)
                     continue
                 if (info.config.metadata or {}).get(CLAIMANT) == claimant:
+                    ours.append((_acked(info), name, info))
+            if ours:
+                acked, name, info = max(ours, key=lambda held: held[0])
+                lags = from_seq - 1 - acked > FRESH_SLOT_LAG
+                if not lags or len(ours) > 1 or not free:
                     return name, self._resumed(name, info, subject_filter, from_seq)
+                logger.info(
+                    "durable %s of %s acknowledged up to %d, its rebuild folded up to %d: "
+                    "claiming a fresh slot there; %s expires unused",
+                    name,
+                    claimant,
+                    acked,
+                    from_seq - 1,
+                    name,
+                )
             for name in free:
                 try:
                     await self._create_consumer(name, subject_filter, from_seq, claimant=claimant)
@@ -598,6 +629,8 @@ class JetStreamEventLog:
                     continue  # another replica claimed it in between
                 logger.info("durable %s claimed by %s", name, claimant)
                 return name, 0
+            if ours:
+                continue  # the free slots went to other replicas meanwhile: resume ours
             if asyncio.get_running_loop().time() > give_up_at:
                 raise EventLogClosed(
                     f"every durable of {base} ({names[0]} … {names[-1]}) is claimed by "
@@ -894,6 +927,11 @@ class JetStreamSubscription:
         self._inbox.put_nowait(None)
         if not self._log._nc.is_closed:
             await _quietly(self._log._nc.flush(timeout=2), "flush on close")
+
+
+def _acked(info: api.ConsumerInfo) -> int:
+    """The stream sequence a durable has acknowledged everything up to (a new one: its start - 1)."""
+    return (info.ack_floor.stream_seq if info.ack_floor is not None else 0) or 0
 
 
 def _stream_seq(msg: Msg) -> int:
