@@ -8,8 +8,9 @@ Everything JetStream-specific lives here; docs/eventlog.md explains the choices.
   ``Nats-Expected-Last-Subject-Sequence-Subject: <prefix>.<node>.>`` (nats-server
   >= 2.11). Timeouts and missing responders (reconnects, leader changes) are
   retried; the msg id makes that safe.
-* Replay: an ordered push consumer (ephemeral, flow controlled) feeding a bounded
-  queue, stopped at the last matching sequence seen when the replay started.
+* Replay: raw pulls of a consumer without acks, decoded in batches while the next
+  batch is on its way (:mod:`gpupool.eventlog.pulled_replay`), up to the entries
+  pending when the replay started.
 * Subscribe: a durable pull consumer with explicit acks, fetched in batches by a
   small pull loop of our own (one outstanding request, idle heartbeats to notice a
   lost request after a reconnect).
@@ -37,7 +38,7 @@ from nats.js import api
 from gpupool.eventlog.credentials import connect_options
 from gpupool.eventlog.durables import CLAIMANT, SLOT_INACTIVE_SECONDS, durable_names
 from gpupool.eventlog.log_client import LogClient
-from gpupool.eventlog.named_replay import named_replay
+from gpupool.eventlog.named_replay import open_replay_slot
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
     Delivery,
@@ -47,6 +48,7 @@ from gpupool.eventlog.port import (
     entry_subject,
     read_entries,
 )
+from gpupool.eventlog.pulled_replay import PulledReplay, open_ephemeral, pulled_batches
 from gpupool.eventlog.stream_limits import StreamLimits
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
@@ -148,7 +150,8 @@ class JetStreamEventLog:
         self._nc = nc
         self.consumer_base = consumer_base
         """The NATS user this log connects as (``durable_base``), when it reads through its
-        own replay consumers (:mod:`gpupool.eventlog.named_replay`); None: ordered consumers."""
+        own replay consumers (:mod:`gpupool.eventlog.named_replay`); None: replay consumers under
+        random names (:func:`gpupool.eventlog.pulled_replay.open_ephemeral`)."""
         self.writer = writer_token(writer)
         self.claimant = claimant
         """When set (a service's instance), ``subscribe(durable=base)`` claims one of the
@@ -159,7 +162,7 @@ class JetStreamEventLog:
         self.ack_wait = ack_wait
         self._closed = False
         self._subscriptions: set[JetStreamSubscription] = set()
-        self._replays: dict[asyncio.Queue[Msg | None], NatsSubscription] = {}
+        self._replays: set[PulledReplay] = set()
         self._appended: dict[str, int] = {}
         self._created_consumers: dict[str, int] = {}
         """Durables this connection created and no subscriber has started on yet: the sequence
@@ -462,60 +465,36 @@ class JetStreamEventLog:
         return msg.seq or 0
 
     async def replay(self, *, node: str | None = None, from_seq: int = 1) -> AsyncIterator[Entry]:
-        self._check_open()
-        start = max(from_seq, 1)
-        end = await self._last_seq_matching(node)
-        if end < start:
-            return
-        subject_filter = node_subject_filter(node, prefix=self.subject_prefix)
-        buffer: asyncio.Queue[Msg | None] = asyncio.Queue(maxsize=REPLAY_BUFFER)
-
-        async def on_msg(msg: Msg) -> None:
-            await buffer.put(msg)
-
-        if self.consumer_base is not None:  # an authenticated service: its own replay slots
-            async for pulled in named_replay(
-                self._nc,
-                stream=self.stream,
-                base=self.consumer_base,
-                subject_filter=subject_filter,
-                start=start,
-                until=end,
-            ):
-                seq = _stream_seq(pulled)
-                for entry in read_entries(seq, pulled.subject, pulled.data):
-                    yield entry
-            return
-        subscription = await self._js.subscribe(
-            subject_filter,
-            stream=self.stream,
-            cb=on_msg,
-            ordered_consumer=True,
-            config=api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
-            ),
-        )
-        self._replays[buffer] = subscription
-        last = start - 1
-        try:
-            while True:
-                msg = await buffer.get()
-                if msg is None:
+        async for batch in self.replay_batches(node=node, from_seq=from_seq):
+            for entry in batch:
+                if self._closed:
                     raise EventLogClosed(f"event log {self.stream} closed during a replay")
-                seq = _stream_seq(msg)
-                if seq <= last:
-                    continue  # an ordered-consumer reset may deliver a message twice
-                if seq > end:
-                    return
-                last = seq
-                for entry in read_entries(seq, msg.subject, msg.data):
-                    yield entry
-                if seq >= end:
-                    return
+                yield entry
+
+    async def replay_batches(
+        self, *, node: str | None = None, from_seq: int = 1
+    ) -> AsyncIterator[list[Entry]]:
+        """``replay`` in batches: raw pulls of a consumer without acks, two requests in flight
+        (:mod:`gpupool.eventlog.pulled_replay`); every entry once, in order, up to the end at
+        the call (the consumer's pending entries when it was created)."""
+        self._check_open()
+        nc = self._nc
+        if not isinstance(nc, LogClient):
+            raise TypeError("a JetStreamEventLog replays through a LogClient connection")
+        subject_filter = node_subject_filter(node, prefix=self.subject_prefix)
+        if self.consumer_base is not None:  # an authenticated service: its own replay slots
+            opener = open_replay_slot(nc, self.stream, self.consumer_base, subject_filter)
+        else:
+            opener = open_ephemeral(nc, self.stream, subject_filter)
+        running = PulledReplay()
+        self._replays.add(running)
+        try:
+            async for batch in pulled_batches(
+                nc, stream=self.stream, open_consumer=opener, start=from_seq, replay=running
+            ):
+                yield batch
         finally:
-            self._replays.pop(buffer, None)
-            if not self._nc.is_closed:
-                await _quietly(subscription.unsubscribe(), "replay unsubscribe")
+            self._replays.discard(running)
 
     def subscribe(
         self, *, durable: str, node: str | None = None, from_seq: int = 1
@@ -685,13 +664,8 @@ class JetStreamEventLog:
         self._closed = True
         for subscription in list(self._subscriptions):
             await subscription.aclose()
-        for buffer, consumer in list(self._replays.items()):
-            # Stop the consumer first: its callback may be blocked on the full buffer.
-            if not self._nc.is_closed:
-                await _quietly(consumer.unsubscribe(), "replay unsubscribe")
-            while not buffer.empty():
-                buffer.get_nowait()
-            buffer.put_nowait(None)
+        for running in list(self._replays):
+            running.close()  # it ends with EventLogClosed
         if self._nc.is_closed:
             return
         try:
