@@ -6,7 +6,7 @@ per message, a header parse into a dict, a ``Msg``, a put into a queue and a tas
 to the callback task, and then a second queue between that callback and the reader.
 Here the log's :class:`~gpupool.eventlog.log_client.LogClient` hands each message to a
 sink that appends it to a list (:meth:`LogClient.raw_subscribe`); the reader takes the
-list as one batch, decodes it and hands it on whole (:func:`pulled_batches`), while the
+list as one batch once a pull's worth has arrived, decodes it and hands it on whole (:func:`pulled_batches`), while the
 server already sends the next: two pull requests of :data:`REPLAY_BATCH` are kept in
 flight.
 
@@ -165,7 +165,8 @@ async def pulled_batches(
     replay: PulledReplay | None = None,
 ) -> AsyncIterator[list[Entry]]:
     """The entries of the opener's filter from ``start`` to the end at the call, in batches
-    (each a pull's worth, decoded; a decision entry's envelopes all in one batch)."""
+    (what has arrived, at least a pull's worth but at the end, decoded; a decision entry's
+    envelopes all in one batch)."""
     replay = replay or PulledReplay()
     last = max(start, 1) - 1
     name, remaining = await open_consumer(last + 1)
