@@ -282,9 +282,9 @@ async def jetstream_phase(
             loaded = time.perf_counter() - start
             total = len(encoded)
 
-            raw = await ordered_consumer_count(js, total)
+            raw, raw_cpu = await ordered_consumer_count(js, total)
             await nc.close()
-            raw_pull = await raw_pull_count(url, total)
+            raw_pull, raw_pull_cpu = await raw_pull_count(url, total)
 
             log = await JetStreamEventLog.connect(url, claimant="bench-instance")
             gc.collect()
@@ -294,12 +294,13 @@ async def jetstream_phase(
             zero, zero_cpu = time.perf_counter() - start, time.process_time() - start_cpu
             rebuilt = zero_loop.projection
             gc.collect()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             resumed_loop = DeciderLoop(
                 log, service="bench", projection=Projection.from_snapshot(decode_snapshot(snapshot))
             )
             await resumed_loop.rebuild()
             from_snapshot = time.perf_counter() - start
+            snapshot_cpu = time.process_time() - start_cpu
             resumed = resumed_loop.projection
             restarts = [
                 await restarted_service(
@@ -317,22 +318,23 @@ async def jetstream_phase(
         f"at {total / loaded:,.0f}/s with publish_async)"
     )
     print(
-        f"{'phase':<52} {'entries':>10} {'wall s':>8} {'entries/s':>12} {'x raw':>7} {'of raw':>7}"
+        f"{'phase':<52} {'entries':>10} {'wall s':>8} {'cpu s':>7} {'x raw':>7} "
+        f"{'of raw':>7} {'cpu x raw':>9} {'cpu of raw':>10}"
     )
-    for name, entries, seconds in (
-        ("raw replay (ordered consumer, count only)", total, raw),
-        ("raw pulls (LogClient sink, 1,024 a pull, count only)", total, raw_pull),
-        ("rebuild from zero (DeciderLoop.rebuild)", total, zero),
-        (f"resume from snapshot at {SNAPSHOT_AT:.0%}", total - cut, from_snapshot),
+    for name, entries, seconds, cpu in (
+        ("raw replay (ordered consumer, count only)", total, raw, raw_cpu),
+        ("raw pulls (LogClient sink, 1,024 a pull, count only)", total, raw_pull, raw_pull_cpu),
+        ("rebuild from zero (DeciderLoop.rebuild)", total, zero, zero_cpu),
+        (f"resume from snapshot at {SNAPSHOT_AT:.0%}", total - cut, from_snapshot, snapshot_cpu),
     ):
         print(
-            f"{name:<52} {entries:>10,} {seconds:>8.2f} {entries / seconds:>12,.0f} "
-            f"{seconds / raw:>7.2f} {raw / seconds:>7.0%}"
+            f"{name:<52} {entries:>10,} {seconds:>8.2f} {cpu:>7.2f} {seconds / raw:>7.2f} "
+            f"{raw / seconds:>7.0%} {cpu / raw_cpu:>9.2f} {raw_cpu / cpu:>10.0%}"
         )
     print(
-        f"rebuild from zero: {raw / zero:.0%} of the raw ordered-consumer replay's speed, "
-        f"{raw_pull / zero:.0%} of raw pulls'; {zero_cpu:.2f} cpu s "
-        f"({total / zero_cpu:,.0f} entries/cpu-s)"
+        f"rebuild from zero: {raw / zero:.0%} of the raw ordered-consumer replay's speed "
+        f"({raw_cpu / zero_cpu:.0%} in cpu time), {raw_pull / zero:.0%} of raw pulls' "
+        f"({raw_pull_cpu / zero_cpu:.0%} in cpu time); {total / zero_cpu:,.0f} entries/cpu-s"
     )
     print("rebuilt from JetStream == resumed from the snapshot == rebuilt in memory: yes")
     print()
@@ -345,8 +347,9 @@ async def jetstream_phase(
         print(f"{'from ' + how:<48} {live_s:>12.3f} {delivered:>11} {delivered - 1:>15}")
 
 
-async def ordered_consumer_count(js: Any, total: int) -> float:
-    """Seconds for nats-py's ordered consumer to deliver ``total`` messages to a callback."""
+async def ordered_consumer_count(js: Any, total: int) -> tuple[float, float]:
+    """Seconds (wall, cpu) for nats-py's ordered consumer to deliver ``total`` messages to a
+    callback."""
     done = asyncio.Event()
     count = 0
 
@@ -357,16 +360,16 @@ async def ordered_consumer_count(js: Any, total: int) -> float:
             done.set()
 
     gc.collect()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     subscription = await js.subscribe("gpupool.log.>", cb=on_msg, ordered_consumer=True)
     await done.wait()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     await subscription.unsubscribe()
-    return seconds
+    return seconds, cpu
 
 
-async def raw_pull_count(url: str, total: int) -> float:
-    """Seconds to pull ``total`` messages from a consumer without acks into a LogClient sink
+async def raw_pull_count(url: str, total: int) -> tuple[float, float]:
+    """Seconds (wall, cpu) to pull ``total`` messages from a consumer without acks into a LogClient sink
     (1,024 a pull, two pulls in flight), counting them: the transport under the rebuild."""
     client = LogClient()
     await client.connect(url)
@@ -387,7 +390,7 @@ async def raw_pull_count(url: str, total: int) -> float:
 
         inbox = client.new_inbox()
         gc.collect()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         await client.raw_subscribe(inbox, sink)
         requested = 0
         while arrived < total:
@@ -401,7 +404,7 @@ async def raw_pull_count(url: str, total: int) -> float:
                 requested += batch
             wake.clear()
             await wake.wait()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - start_cpu
     finally:
         await client.close()
 

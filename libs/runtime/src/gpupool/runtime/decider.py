@@ -21,9 +21,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -80,6 +82,37 @@ CATCH_UP_WAIT_S = 2.0
 """After a conflict, how long the decider waits for its own consumer to deliver the entry that
 refused it; then it catches up with a replay instead (the entry went to another subscriber of
 the durable, or the server is that slow)."""
+
+
+class _CollectionPause:
+    """Python's automatic garbage collection off while any rebuild folds the log.
+
+    A rebuild allocates a handful of objects per entry and keeps most of them (the
+    state), so the collector's passes walk ever more live objects while finding
+    nothing to free (the fold makes no reference cycles): about a quarter of a
+    rebuild's CPU time on a 30,000-entry log. Reference counting still frees everything
+    that is dropped; the collector runs again as soon as the last rebuild ends (or
+    never stops, if it was off already)."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._resume = False
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        if self._depth == 0:
+            self._resume = gc.isenabled()
+            gc.disable()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0 and self._resume:
+                gc.enable()
+
+
+collection_paused = _CollectionPause()
 
 
 def utc_now() -> datetime:
@@ -207,13 +240,11 @@ class DeciderLoop:
         """
         folded = 0
         unreadable: list[Undecodable] = []
-        fold = self.fold
-        async for batch in self._ordered_replay():
-            for entry in batch:  # a batch is folded whole, no await per entry
-                if fold(entry, ordered=True):
-                    folded += 1
-                    if type(entry) is Undecodable:
-                        unreadable.append(entry)
+        with collection_paused():
+            async for batch in self._ordered_replay():
+                new = self._fold_ordered(batch)  # a batch is folded whole, no await per entry
+                folded += len(new)
+                unreadable += [entry for entry in new if type(entry) is Undecodable]
         self.consume_from = self.projection.last_seq + 1
         await self._set_aside_unrecorded(unreadable)
         await self._record_refusals()
@@ -278,6 +309,32 @@ class DeciderLoop:
         return self.projection.skip(
             entry.seq, node_of_subject(entry.subject), writer_of_subject(entry.subject)
         )
+
+    def _fold_ordered(self, batch: list[Entry]) -> list[Entry]:
+        """``fold(entry, ordered=True)`` for each entry of an ordered replay's batch, the
+        common case inline (a rebuild spends its time here); returns the entries folded now."""
+        projection = self.projection
+        apply = projection.apply
+        writers = self._writers
+        partition = self.partition
+        new: list[Entry] = []
+        for entry in batch:
+            if type(entry) is not StoredEvent:
+                if self.fold(entry, ordered=True):
+                    new.append(entry)
+                continue
+            if partition is not None:
+                projection.pass_below(entry.seq)
+            subject = entry.subject
+            writer = writers.get(subject)
+            if writer is None:
+                writer = self._writer_of(subject)
+            if apply(entry.seq, entry.envelope, index=entry.index, last=entry.last, writer=writer):
+                new.append(entry)
+            if projection.refused:
+                for refused in projection.take_refused():
+                    self._refusals.append(refusal_entry(subject, refused))
+        return new
 
     def _writer_of(self, subject: str) -> str | None:
         """``writer_of_subject``, remembered per subject (a log has a few per node)."""
@@ -511,12 +568,11 @@ class DeciderLoop:
             self.catch_up_replays += 1
         unreadable = list(unreadable or ())
         async for batch in self._ordered_replay():
-            for entry in batch:
-                if self.fold(entry, ordered=True):
-                    if isinstance(entry, StoredEvent):
-                        self._mark_caught_up(entry)
-                    else:
-                        unreadable.append(entry)
+            for entry in self._fold_ordered(batch):
+                if isinstance(entry, StoredEvent):
+                    self._mark_caught_up(entry)
+                else:
+                    unreadable.append(entry)
         # everything up to the log's end is folded now: a rejection already recorded is seen
         await self._set_aside_unrecorded(unreadable)
         await self._record_refusals()
