@@ -29,7 +29,7 @@ be ``-``: no status file.
 It starts with every workload, so it is made to start cheaply: this file is only the entry
 (a script is compiled on every run, a module's bytecode is cached), and the work is
 :mod:`.shim_main`, which imports only modules the interpreter has already loaded (``sys``,
-``posix``, ``_signal``) — and :mod:`.shim_privileges` (libc through ``_ctypes``) only for
+``posix``, ``_signal``) — and :mod:`.shim_privileges` (libc through ``ctypes``) only for
 ``--as`` or ``--enter``.
 """
 

@@ -4,7 +4,7 @@ A shim starts with every workload, so its start-up is the workload's CPU: this m
 imports only modules the interpreter has loaded before it runs a line — ``sys``, ``posix``
 (the functions ``os`` re-exports; ``os`` itself adds ``_collections_abc``, ``stat`` and
 ``posixpath``) and ``_signal`` (the C module behind ``signal``, which would add ``enum``) —
-and :mod:`.shim_privileges` (libc through ``_ctypes``) only for ``--as``/``--enter``. CMD is started as
+and :mod:`.shim_privileges` (libc through ``ctypes``) only for ``--as``/``--enter``. CMD is started as
 ``subprocess`` would start it (``restore_signals``, ``close_fds``; a PATH search where the
 first error other than "not found" wins): fork, exec, and a close-on-exec pipe that brings a
 failure in the child (preparing it, or the exec) back to the shim.

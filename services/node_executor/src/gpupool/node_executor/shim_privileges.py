@@ -1,15 +1,14 @@
 """The shim's privilege drop and namespace entry: prctl, capset and setns through libc.
 
 Imported by :mod:`.shim_main` only when a command is started with ``--as`` or ``--enter``.
-It calls libc through ``_ctypes``, the C module behind ``ctypes``, with the three types it
-needs (``c_int``, ``c_uint32`` and a ``CDLL(None, use_errno=True)`` function) defined here
-as ``ctypes`` defines them: ``ctypes`` itself (with ``os``, ``struct`` and ``types``) would
-cost a shim start about as much CPU again as the rest of it. Likewise ``posix``, not
+It calls libc through ``ctypes`` (its public interface, not the private ``_ctypes`` module
+behind it: a privilege drop is not the place to depend on an interpreter's internals,
+and ``ctypes`` costs such a start only a few milliseconds of CPU more). ``posix``, not
 ``os``. :func:`unreachable_for` explains a refused exec; it imports ``os``, ``shutil`` and
 ``pathlib`` itself, on that failure path only.
 """
 
-import _ctypes
+import ctypes
 import posix
 
 _PR_SET_KEEPCAPS = 8
@@ -23,46 +22,27 @@ NAMESPACES = (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000), ("m
 CLONE_NEWPID = 0x20000000
 
 
-class _Int(_ctypes._SimpleCData):  # type: ignore[type-arg]  # ctypes.c_int
-    _type_ = "i"
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
 
 
-class _UInt32(_ctypes._SimpleCData):  # type: ignore[type-arg]  # ctypes.c_uint32
-    _type_ = "I"
+class _CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
 
 
-class _CapHeader(_ctypes.Structure):
-    _fields_ = (("version", _UInt32), ("pid", _Int))
-
-
-class _CapData(_ctypes.Structure):
-    _fields_ = (("effective", _UInt32), ("permitted", _UInt32), ("inheritable", _UInt32))
-
-
-class _LibcFunction(_ctypes.CFuncPtr):  # what ctypes.CDLL(None, use_errno=True) makes
-    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-    _restype_ = _Int
-
-
-class _Libc:
-    """The interpreter's own libc: ``dlopen(NULL)`` (RTLD_LOCAL), as ``ctypes.CDLL(None)``."""
-
-    _handle = _ctypes.dlopen(None, 0)  # type: ignore[arg-type]  # NULL: the program itself
-
-
-def _libc_function(name: str) -> _LibcFunction:
-    # any object with a ``_handle`` names the library, as a CDLL does
-    return _LibcFunction((name, _Libc))  # type: ignore[arg-type]
-
-
-_prctl = _libc_function("prctl")
-_capset = _libc_function("capset")
-_setns = _libc_function("setns")
+_libc = ctypes.CDLL(None, use_errno=True)  # the interpreter's own libc
+_prctl = _libc.prctl
+_capset = _libc.capset
+_setns = _libc.setns
 
 
 def _check(result: int, what: str) -> None:
     if result != 0:
-        error = _ctypes.get_errno()
+        error = ctypes.get_errno()
         raise OSError(error, f"{what}: {posix.strerror(error)}")
 
 
@@ -109,7 +89,7 @@ def drop_privileges(credentials: Credentials) -> None:
             data[word].permitted = (credentials.prm & ceiling) >> (32 * word) & 0xFFFFFFFF
             data[word].inheritable = (credentials.inh & ceiling) >> (32 * word) & 0xFFFFFFFF
         header = _CapHeader(_CAP_VERSION_3, 0)
-        _check(_capset(_ctypes.byref(header), data), "capset")
+        _check(_capset(ctypes.byref(header), data), "capset")
     else:
         _prctl(_PR_SET_KEEPCAPS, 0, 0, 0, 0)  # setuid away from 0 clears every capability
         posix.setresuid(credentials.uid, credentials.uid, credentials.uid)
