@@ -23,7 +23,8 @@ from gpupool.eventlog.archive import StreamOperator
 from gpupool.eventlog.durables import CLAIMANT
 from gpupool.eventlog.jetstream import FRESH_SLOT_LAG
 from gpupool.eventlog.port import StoredEvent
-from gpupool.events import Envelope, MessageRejected
+from gpupool.eventlog.subjects import node_subject_filter
+from gpupool.events import Envelope, Event, MessageRejected, PodReady, PodRef
 from gpupool.runtime.decider import DeciderLoop
 
 pytestmark = pytest.mark.integration
@@ -38,12 +39,18 @@ def unique_stream() -> tuple[str, str]:
     return f"TEST_{token}", f"test_{token}.log"
 
 
-def rejected(name: str) -> Envelope:
+def wrap(event: Event, name: str) -> Envelope:
     return Envelope(
-        id=f"{name}-{uuid.uuid4().hex}",
-        time=datetime(2025, 1, 1, tzinfo=UTC),
-        event=MessageRejected(subject="test", reason=name, payload=""),
+        id=f"{name}-{uuid.uuid4().hex}", time=datetime(2025, 1, 1, tzinfo=UTC), event=event
     )
+
+
+def rejected(name: str) -> Envelope:
+    return wrap(MessageRejected(subject="test", reason=name, payload=""), name)
+
+
+def ready(node: str, pod: str) -> Envelope:
+    return wrap(PodReady(pod=PodRef(namespace="default", name=pod), node=node), pod)
 
 
 async def restarted_from_zero(
@@ -120,6 +127,47 @@ async def test_a_service_restarted_from_zero_behind_its_durable_is_delivered_onl
             assert await operator.durables() == [f"{USER}-{INSTANCE}"]
         finally:
             await operator.close()
+    finally:
+        await writer.close()
+        nc = await nats.connect(nats_url)
+        try:
+            await nc.jetstream().delete_stream(stream)
+        finally:
+            await nc.close()
+
+
+async def test_a_caught_up_durable_of_a_quiet_node_is_resumed_not_replaced(nats_url: str) -> None:
+    stream, prefix = unique_stream()
+
+    async def connect() -> JetStreamEventLog:
+        return await JetStreamEventLog.connect(
+            nats_url, stream=stream, subject_prefix=prefix, claimant=INSTANCE
+        )
+
+    writer = await connect()
+    try:
+        await writer.append(ready("node-a", "a-0"))
+        before = writer.subscribe(durable=USER, node="node-a")
+        async with asyncio.timeout(WAIT_S):
+            delivery = await anext(before)
+            await delivery.ack()  # taken or still on its way: either way nothing lags
+        caught_up = before.durable
+        await before.aclose()
+        # the rest of the cluster moves on; node-a is quiet: its filter has nothing pending
+        await writer.append_many([ready("node-b", f"b-{i}") for i in range(FRESH_SLOT_LAG + 100)])
+        rebuilt_to = await writer.last_seq()
+
+        restarted = await connect()
+        try:
+            durable, _ = await restarted._claim_durable(
+                USER,
+                INSTANCE,
+                node_subject_filter("node-a", prefix=prefix),
+                rebuilt_to + 1,
+            )
+        finally:
+            await restarted.close()
+        assert durable == caught_up  # resumed: nothing of it lags, no second slot taken
     finally:
         await writer.close()
         nc = await nats.connect(nats_url)

@@ -231,3 +231,27 @@ async def test_a_command_that_cannot_be_prepared_is_126_and_says_why(tmp_path: P
     assert err == (
         "gpupool: cannot start 'pwd': [Errno 2] No such file or directory: '/gpupool-no-such-dir'\n"
     )
+
+
+async def test_a_shim_out_of_descriptors_records_126_and_says_why(tmp_path: Path) -> None:
+    # Two descriptors held and a limit of six leave the shim one: enough to start and to
+    # write its status, not for the pipe it starts CMD with.
+    status = tmp_path / "pod.status"
+    shim = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        'exec 3</dev/null 4</dev/null; ulimit -n 6; exec "$0" "$@"',
+        sys.executable,
+        *SHIM,
+        str(status),
+        "--",
+        "true",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    async with asyncio.timeout(WAIT_SECONDS):
+        _, err = await shim.communicate()
+    assert shim.returncode == 126
+    assert status.read_text() == "126\n"
+    assert err.decode() == "gpupool: cannot start 'true': [Errno 24] Too many open files\n"

@@ -120,3 +120,34 @@ def test_a_malformed_frame_is_a_protocol_error() -> None:
     for line in (b"MSG log.a x 3\r\nabc\r\n", b"HMSG log.a 7 9 3\r\nabc\r\n", b"MSG log.a\r\n"):
         with pytest.raises(ProtocolError):
             asyncio.run(feed(RecordingClient(), line, []))
+
+
+def test_a_delivery_line_longer_than_a_client_may_publish_is_parsed_not_waited_on() -> None:
+    # The server limits the lines clients send (4096 bytes); a delivery's line adds the
+    # subscription id and a JetStream reply to a stored subject, and may be longer.
+    subject = b"log." + b"x" * 4_100
+    reply = b"$JS.ACK.S.d.1.1.1.0.0"
+    wire = b"MSG %s %d %s 2\r\nhi\r\nMSG log.after %d 2\r\nok\r\n" % (
+        subject,
+        RAW_SID,
+        reply,
+        RAW_SID,
+    )
+    assert parsed(wire, [100, 4_000, 4_200]) == [
+        (RAW_SID, subject, reply, b"hi", None),
+        (RAW_SID, b"log.after", b"", b"ok", None),
+    ]
+
+
+def test_a_raw_subscription_whose_unsubscribe_failed_keeps_its_sink() -> None:
+    client = RecordingClient()
+
+    class Ended:
+        _id = RAW_SID
+
+    client.drop_raw(Ended())  # type: ignore[arg-type]  # still subscribed: kept
+    asyncio.run(feed(client, b"MSG log.late %d 1\r\nx\r\n" % RAW_SID, []))
+    assert client.got == [(RAW_SID, b"log.late", b"", b"x", None)]
+    del client._subs[RAW_SID]
+    client.drop_raw(Ended())  # type: ignore[arg-type]
+    assert RAW_SID not in client._raw_sinks

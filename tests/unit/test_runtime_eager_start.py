@@ -4,6 +4,7 @@ and from there on behaves as any task: its result, its error, its cancellation."
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import pytest
 
@@ -140,3 +141,20 @@ async def test_the_first_part_runs_as_the_new_task_not_as_the_caller() -> None:
     with pytest.raises(TimeoutError):
         await task
     assert caller is not None and not caller.cancelling()
+
+
+async def test_a_context_variable_set_in_the_first_part_is_the_tasks_not_the_callers() -> None:
+    where: contextvars.ContextVar[str] = contextvars.ContextVar("where", default="unset")
+    seen: list[str] = []
+    resume = asyncio.Event()
+
+    async def work() -> None:
+        where.set("inner")
+        await resume.wait()
+        seen.append(where.get())
+
+    task = start_now(work())
+    assert where.get() == "unset"  # the caller's context is untouched
+    resume.set()
+    await task
+    assert seen == ["inner"]  # and the task kept its own after the wait

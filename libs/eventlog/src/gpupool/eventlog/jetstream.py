@@ -604,7 +604,12 @@ class JetStreamEventLog:
                     ours.append((_acked(info), name, info))
             if ours:
                 acked, name, info = max(ours, key=lambda held: held[0])
-                lags = from_seq - 1 - acked > FRESH_SLOT_LAG
+                # What resuming it would deliver below ``from_seq``: at most the entries
+                # between its ack floor and there, and at most what its filter still has
+                # pending (a caught-up durable of a quiet node keeps its ack floor at its
+                # filter's last entry, however far the rest of the log has moved on).
+                pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
+                lags = min(from_seq - 1 - acked, pending) > FRESH_SLOT_LAG
                 if not lags or len(ours) > 1 or not free:
                     return name, self._resumed(name, info, subject_filter, from_seq)
                 logger.info(

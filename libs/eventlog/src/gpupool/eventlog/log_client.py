@@ -121,7 +121,9 @@ class _FrameParser(Parser):
                         return
                 size = len(buf)
                 continue
-            end = buf.find(b"\r\n", pos, pos + MAX_CONTROL_LINE_SIZE)
+            # No length limit on a delivery's line, as nats-py has none: the server limits
+            # what clients publish, and adds a subscription id and a reply to it.
+            end = buf.find(b"\r\n", pos)
             if end < 0:
                 break  # the control line is still arriving
             args = bytes(buf[pos:end]).split()
@@ -183,8 +185,13 @@ class LogClient(Client):
         return subscription
 
     def drop_raw(self, subscription: Subscription) -> None:
-        """Forget a raw subscription's sink (after ``unsubscribe``)."""
-        self._raw_sinks.pop(subscription._id, None)
+        """Forget a raw subscription's sink once it has ended (after ``unsubscribe``).
+
+        One whose unsubscribe failed (the connection draining, say) keeps its sink: its
+        late deliveries still reach the sink, not nats-py's callback, and the sink is
+        forgotten at the first delivery after the subscription ends."""
+        if subscription._id not in self._subs:
+            self._raw_sinks.pop(subscription._id, None)
 
     async def _process_msg(
         self,

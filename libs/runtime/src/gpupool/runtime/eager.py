@@ -17,6 +17,7 @@ drives the rest.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import types
 from collections.abc import Coroutine, Generator
@@ -31,19 +32,24 @@ def start_now(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> async
     if sys.version_info >= (3, 12):
         return asyncio.Task(coro, loop=loop, name=name, eager_start=True)
     first = _FirstPart(coro)
-    task = loop.create_task(first.rest(), name=name)
+    # the task's own copy of the context, as create_task makes one: the first part runs in
+    # it too, so a context variable it sets is the task's, never the caller's
+    context = contextvars.copy_context()
+    task = loop.create_task(first.rest(), name=name, context=context)
     caller = asyncio.current_task(loop)
     if caller is not None:
         asyncio.tasks._leave_task(loop, caller)
     asyncio.tasks._enter_task(loop, task)
     try:
-        first.run()
+        context.run(first.run)
     finally:
         asyncio.tasks._leave_task(loop, task)
         if caller is not None:
             asyncio.tasks._enter_task(loop, caller)
     # cancelled before its first step the task never runs ``rest``: the coroutine is closed
-    # then (its ``finally`` blocks run); once it finished, closing does nothing
+    # then (its ``finally`` blocks run, but not an ``except CancelledError``, and an await
+    # there cannot be run: 3.12's eager start throws the cancellation in instead); once it
+    # finished, closing does nothing
     task.add_done_callback(lambda _: coro.close())
     return task
 

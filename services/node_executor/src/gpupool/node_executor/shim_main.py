@@ -126,8 +126,16 @@ def _child(command: list[str], prepare: "Callable[[], None] | None", report: int
 
 def start(command: list[str], prepare: "Callable[[], None] | None") -> int:
     """Fork and exec CMD (in the shim's process group, no shell); its pid, or StartFailed."""
-    read_end, write_end = posix.pipe()  # close-on-exec: EOF once CMD is exec'd
-    pid = posix.fork()
+    try:
+        read_end, write_end = posix.pipe()  # close-on-exec: EOF once CMD is exec'd
+    except OSError as error:  # out of descriptors: CMD cannot be started (126), as Popen had it
+        raise StartFailed(str(error)) from None
+    try:
+        pid = posix.fork()
+    except OSError as error:  # EAGAIN: a pids limit, say
+        posix.close(read_end)
+        posix.close(write_end)
+        raise StartFailed(str(error)) from None
     if pid == 0:
         posix.close(read_end)
         _child(command, prepare, write_end)
