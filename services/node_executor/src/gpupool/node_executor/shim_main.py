@@ -128,14 +128,14 @@ def start(command: list[str], prepare: "Callable[[], None] | None") -> int:
     """Fork and exec CMD (in the shim's process group, no shell); its pid, or StartFailed."""
     try:
         read_end, write_end = posix.pipe()  # close-on-exec: EOF once CMD is exec'd
-    except OSError as error:  # out of descriptors: CMD cannot be started (126), as Popen had it
-        raise StartFailed(str(error)) from None
+    except OSError as no_pipe:  # out of descriptors: CMD cannot start (126), as Popen had it
+        raise StartFailed(str(no_pipe)) from None
     try:
         pid = posix.fork()
-    except OSError as error:  # EAGAIN: a pids limit, say
+    except OSError as no_fork:  # EAGAIN: a pids limit, say
         posix.close(read_end)
         posix.close(write_end)
-        raise StartFailed(str(error)) from None
+        raise StartFailed(str(no_fork)) from None
     if pid == 0:
         posix.close(read_end)
         _child(command, prepare, write_end)
