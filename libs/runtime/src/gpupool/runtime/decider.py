@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +49,7 @@ from gpupool.events import (
     event_node,
 )
 from gpupool.runtime.eager import start_now
+from gpupool.runtime.ids import new_id
 from gpupool.runtime.projection import Projection, Refused
 
 
@@ -73,6 +73,11 @@ CONSUME_BATCH = 1024
 """At most this many deliveries are folded before the service reacts to them."""
 
 MAX_CONFLICT_RETRIES = 100
+
+SUBJECTS_KEPT = 16_384
+"""How many subjects' writer tokens a loop keeps (cleared past it): one per node and writer."""
+
+_UNSEEN = "\0 not seen"
 
 CATCH_UP_WAIT_S = 2.0
 """After a conflict, how long the decider waits for its own consumer to deliver the entry that
@@ -171,6 +176,8 @@ class DeciderLoop:
         self._batch_folded = asyncio.Event()
         """Set (and replaced) each time ``consume`` has folded a batch."""
         self._refusals: list[Undecodable] = []
+        self._writer_of: dict[str, str | None] = {}
+        """subject -> its writer token (``writer_of_subject``), for the subjects folded lately."""
         """Envelopes the projection refused (admission_check), to record as MessageRejected."""
         self.writer: str = event_log.writer
         """The writer token of this service's entries (the log's)."""
@@ -263,12 +270,17 @@ class DeciderLoop:
         if ordered and self.partition is not None:
             self.projection.pass_below(entry.seq)
         if isinstance(entry, StoredEvent):
+            writer = self._writer_of.get(entry.subject, _UNSEEN)
+            if writer is _UNSEEN:
+                if len(self._writer_of) >= SUBJECTS_KEPT:
+                    self._writer_of.clear()
+                writer = self._writer_of[entry.subject] = writer_of_subject(entry.subject)
             new = self.projection.apply(
                 entry.seq,
                 entry.envelope,
                 index=entry.index,
                 last=entry.last,
-                writer=writer_of_subject(entry.subject),
+                writer=writer,
             )
             for refused in self.projection.take_refused():
                 self._refusals.append(refusal_entry(entry.subject, refused))
@@ -330,7 +342,9 @@ class DeciderLoop:
         Decisions for one node are made one at a time within this process (a lock per
         node), so only other processes can make an append conflict.
         """
-        lock = self._node_locks.setdefault(node, asyncio.Lock())
+        lock = self._node_locks.get(node)
+        if lock is None:
+            lock = self._node_locks[node] = asyncio.Lock()
         async with lock:
             return await self._execute(command, node=node, cause=cause)
 
@@ -347,24 +361,25 @@ class DeciderLoop:
                 return []
             if not events:
                 return []
-            correlation = (
-                cause.correlation_id or cause.id if cause is not None else uuid.uuid4().hex
-            )
-            envelopes = [
-                Envelope(
-                    id=uuid.uuid4().hex,
-                    time=now,
-                    event=event,
-                    correlation_id=correlation,
-                    causation_id=cause.id if cause is not None else "",
-                )
-                for event in events
-            ]
+            if cause is not None:
+                correlation, causation = cause.correlation_id or cause.id, cause.id
+            else:
+                correlation, causation = new_id(), ""
+            envelopes = []
             for event in events:
-                if event_node(event) != node:
+                if event.node != node:
                     raise ValueError(
                         f"decided event for {event_node(event)!r} while executing for {node!r}"
                     )
+                envelopes.append(
+                    Envelope(
+                        id=new_id(),
+                        time=now,
+                        event=event,
+                        correlation_id=correlation,
+                        causation_id=causation,
+                    )
+                )
             scope = expectation_writer(command, events, self.writer)
             expected = self.projection.expected_node_seq(node, scope)
             try:
