@@ -9,15 +9,19 @@ then cloned under new node, namespace and id names until there are N entries (no
 independent, so every clone is a valid history). Entries are JSON-encoded envelopes,
 held in memory for the first table; the second table puts the same entries in a real
 JetStream stream (nats-server started here) and measures, in the same run, the raw
-replay of that stream (an ordered consumer counting messages) against a service's
-rebuild from it (replay, decode, fold) from zero and from the snapshot. The rebuild
-keeps statistics (metrics_projection), as the admission-queue service does.
+replay of that stream (nats-py's ordered consumer counting messages in a callback: the
+issue's baseline; and raw pulls into a LogClient sink counting them: the transport the
+rebuild now reads through) against a service's rebuild from it (``DeciderLoop.rebuild``:
+replay, decode, fold) from zero and from the snapshot. The rebuild keeps statistics
+(metrics_projection), as the admission-queue service does.
 
-A third table restarts a service (a DeciderLoop, as every service runs) on the full stream,
-from a snapshot taken at its end and from zero, with its durable consumer left behind by
-the instance before having acknowledged nothing: the time until it reacts to a live entry,
-and how many messages its durable delivered (1: the live entry only; no folded entry is
-delivered a second time).
+A third table restarts a service (a DeciderLoop, as every service runs, its log connected
+with a claimant) on the full stream, from a snapshot taken at its end and from zero, with
+its durable slot left behind by the instance before having acknowledged nothing: the time
+until it reacts to a live entry, and how many messages its durable slots delivered (1: the
+live entry only; no folded entry is delivered a second time).
+
+Runs on older code too (its ``libs/*/src`` first on ``PYTHONPATH``) for an A/B in turn.
 
 Prints tables; no assertions (the numbers depend on the machine), except that the
 resumed projection equals the one rebuilt from zero.
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import heapq
+import json
 import random
 import sys
 import tempfile
@@ -36,9 +41,11 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats
+import nats.js.errors
 from nats.aio.msg import Msg
 
 from gpupool.core.simulation import (
@@ -51,6 +58,8 @@ from gpupool.core.simulation import (
     simulate,
 )
 from gpupool.eventlog import JetStreamEventLog, StoredEvent, subject_for
+from gpupool.eventlog.durables import durable_names
+from gpupool.eventlog.log_client import LogClient
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.events import Envelope, MessageRejected, decode_envelope, encode_envelope
 from gpupool.observability import (
@@ -273,35 +282,26 @@ async def jetstream_phase(
             loaded = time.perf_counter() - start
             total = len(encoded)
 
-            done = asyncio.Event()
-            count = 0
-
-            async def on_msg(msg: Msg) -> None:
-                nonlocal count
-                count += 1
-                if count == total:
-                    done.set()
-
-            start = time.perf_counter()
-            subscription = await js.subscribe("gpupool.log.>", cb=on_msg, ordered_consumer=True)
-            await done.wait()
-            raw = time.perf_counter() - start
-            await subscription.unsubscribe()
+            raw, raw_cpu = await ordered_consumer_count(js, total)
             await nc.close()
+            raw_pull, raw_pull_cpu = await raw_pull_count(url, total)
 
-            log = await JetStreamEventLog.connect(url)
-            start = time.perf_counter()
-            rebuilt = metrics_projection()
-            async for entry in log.replay():
-                assert isinstance(entry, StoredEvent)
-                rebuilt.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
-            zero = time.perf_counter() - start
-            start = time.perf_counter()
-            resumed = Projection.from_snapshot(decode_snapshot(snapshot))
-            async for entry in log.replay(from_seq=cut + 1):
-                assert isinstance(entry, StoredEvent)
-                resumed.apply(entry.seq, entry.envelope, index=entry.index, last=entry.last)
+            log = await JetStreamEventLog.connect(url, claimant="bench-instance")
+            gc.collect()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            zero_loop = DeciderLoop(log, service="bench", projection=metrics_projection())
+            await zero_loop.rebuild()
+            zero, zero_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+            rebuilt = zero_loop.projection
+            gc.collect()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            resumed_loop = DeciderLoop(
+                log, service="bench", projection=Projection.from_snapshot(decode_snapshot(snapshot))
+            )
+            await resumed_loop.rebuild()
             from_snapshot = time.perf_counter() - start
+            snapshot_cpu = time.process_time() - start_cpu
+            resumed = resumed_loop.projection
             restarts = [
                 await restarted_service(
                     log, "snapshot", Projection.from_snapshot(decode_snapshot(snapshot_end))
@@ -317,16 +317,25 @@ async def jetstream_phase(
         f"JetStream (same {total:,} entries, one stream, file storage; loaded in {loaded:.1f} s "
         f"at {total / loaded:,.0f}/s with publish_async)"
     )
-    print(f"{'phase':<48} {'entries':>10} {'wall s':>8} {'entries/s':>12} {'x raw':>7}")
-    for name, entries, seconds in (
-        ("raw replay (ordered consumer, count only)", total, raw),
-        ("rebuild from zero (replay + decode + fold)", total, zero),
-        (f"resume from snapshot at {SNAPSHOT_AT:.0%}", total - cut, from_snapshot),
+    print(
+        f"{'phase':<52} {'entries':>10} {'wall s':>8} {'cpu s':>7} {'x raw':>7} "
+        f"{'of raw':>7} {'cpu x raw':>9} {'cpu of raw':>10}"
+    )
+    for name, entries, seconds, cpu in (
+        ("raw replay (ordered consumer, count only)", total, raw, raw_cpu),
+        ("raw pulls (LogClient sink, 1,024 a pull, count only)", total, raw_pull, raw_pull_cpu),
+        ("rebuild from zero (DeciderLoop.rebuild)", total, zero, zero_cpu),
+        (f"resume from snapshot at {SNAPSHOT_AT:.0%}", total - cut, from_snapshot, snapshot_cpu),
     ):
         print(
-            f"{name:<48} {entries:>10,} {seconds:>8.2f} {entries / seconds:>12,.0f} "
-            f"{seconds / raw:>7.2f}"
+            f"{name:<52} {entries:>10,} {seconds:>8.2f} {cpu:>7.2f} {seconds / raw:>7.2f} "
+            f"{raw / seconds:>7.0%} {cpu / raw_cpu:>9.2f} {raw_cpu / cpu:>10.0%}"
         )
+    print(
+        f"rebuild from zero: {raw / zero:.0%} of the raw ordered-consumer replay's speed "
+        f"({raw_cpu / zero_cpu:.0%} in cpu time), {raw_pull / zero:.0%} of raw pulls' "
+        f"({raw_pull_cpu / zero_cpu:.0%} in cpu time); {total / zero_cpu:,.0f} entries/cpu-s"
+    )
     print("rebuilt from JetStream == resumed from the snapshot == rebuilt in memory: yes")
     print()
     print(
@@ -338,17 +347,82 @@ async def jetstream_phase(
         print(f"{'from ' + how:<48} {live_s:>12.3f} {delivered:>11} {delivered - 1:>15}")
 
 
+async def ordered_consumer_count(js: Any, total: int) -> tuple[float, float]:
+    """Seconds (wall, cpu) for nats-py's ordered consumer to deliver ``total`` messages to a
+    callback."""
+    done = asyncio.Event()
+    count = 0
+
+    async def on_msg(msg: Msg) -> None:
+        nonlocal count
+        count += 1
+        if count == total:
+            done.set()
+
+    gc.collect()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    subscription = await js.subscribe("gpupool.log.>", cb=on_msg, ordered_consumer=True)
+    await done.wait()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    await subscription.unsubscribe()
+    return seconds, cpu
+
+
+async def raw_pull_count(url: str, total: int) -> tuple[float, float]:
+    """Seconds (wall, cpu) to pull ``total`` messages from a consumer without acks into a LogClient sink
+    (1,024 a pull, two pulls in flight), counting them: the transport under the rebuild."""
+    client = LogClient()
+    await client.connect(url)
+    try:
+        name = "bench-raw-pulls"
+        await client.jetstream().add_consumer(
+            "GPUPOOL", name=name, ack_policy="none", deliver_policy="all", mem_storage=True
+        )
+        arrived = 0
+        wake = asyncio.Event()
+
+        def sink(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+            nonlocal arrived
+            if headers is None or not headers.startswith(b"NATS/1.0 "):
+                arrived += 1
+                if arrived % 1024 == 0 or arrived == total:
+                    wake.set()
+
+        inbox = client.new_inbox()
+        gc.collect()
+        start, start_cpu = time.perf_counter(), time.process_time()
+        await client.raw_subscribe(inbox, sink)
+        requested = 0
+        while arrived < total:
+            while requested - arrived < 2048 and requested < total:
+                batch = min(1024, total - requested)
+                await client.publish(
+                    f"$JS.API.CONSUMER.MSG.NEXT.GPUPOOL.{name}",
+                    json.dumps({"batch": batch, "expires": 5_000_000_000}).encode(),
+                    reply=inbox,
+                )
+                requested += batch
+            wake.clear()
+            await wake.wait()
+        return time.perf_counter() - start, time.process_time() - start_cpu
+    finally:
+        await client.close()
+
+
 async def restarted_service(
     log: JetStreamEventLog, how: str, projection: Projection
 ) -> tuple[str, float, int]:
     """A service restarted from ``projection``: rebuild, subscribe, react to one live entry.
 
-    Its durable exists from before the restart and acknowledged nothing (the worst
-    case: a rollout right after a rebuild from zero). Returns how long until the live
-    entry was reacted to and how many messages the durable delivered (1: only it).
+    Its durable slot (claimed by the same instance, as a restarted replica finds it) exists
+    from before the restart and acknowledged nothing (the worst case: a rollout right after
+    a rebuild from zero). Returns how long until the live entry was reacted to and how many
+    messages the instance's durables delivered meanwhile (1: only it).
     """
+    assert log.claimant is not None
     durable = f"bench-{how}"
-    await log._ensure_consumer(durable, "gpupool.log.>", 1)  # the one left behind
+    await log._claim_durable(durable, log.claimant, "gpupool.log.>", 1)  # the one left behind
+    delivered_before = await delivered(log, durable)
     start = time.perf_counter()
     loop = DeciderLoop(log, service=f"bench-{how}", projection=projection)
     await loop.rebuild()
@@ -370,8 +444,16 @@ async def restarted_service(
     consumer.cancel()
     with suppress(asyncio.CancelledError):
         await consumer
-    info = await log._js.consumer_info(log.stream, durable)
-    return how, live_s, info.delivered.consumer_seq or 0
+    return how, live_s, await delivered(log, durable) - delivered_before
+
+
+async def delivered(log: JetStreamEventLog, base: str) -> int:
+    """Messages delivered by all of ``base``'s durable slots so far."""
+    total = 0
+    for name in durable_names(base):
+        with suppress(nats.js.errors.NotFoundError):
+            total += (await log._js.consumer_info(log.stream, name)).delivered.consumer_seq or 0
+    return total
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@ from gpupool.eventlog import (
     StoredEvent,
     Subscription,
     Undecodable,
+    memory,
     node_of_subject,
     node_token,
+    pulled_replay,
     rejection_envelope,
     writer_of_subject,
     writer_subject_filter,
@@ -206,6 +208,27 @@ async def test_replay_stops_at_the_last_entry_present_when_it_started(event_log:
         await event_log.append(wrap(ready(pod=f"late{entry.seq}")))
     assert seen == first
     assert await event_log.last_seq() == first[-1] + 3
+
+
+async def test_replay_batches_hand_out_the_replay_s_entries_never_splitting_a_decision(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory, "REPLAY_BATCH", 2)  # small batches: several of them
+    monkeypatch.setattr(pulled_replay, "REPLAY_BATCH", 2)
+    await event_log.append(wrap(ready(pod="a")))
+    await event_log.append(wrap(ready(node="gpu-2", pod="b")))
+    await event_log.append_decision([wrap(ready(pod=f"d{i}")) for i in range(3)])
+    await event_log.append_raw(f"{prefix_of(event_log)}.gpu-1.{DEFAULT_WRITER}", b"garbage")
+    await event_log.append(wrap(ready(pod="c")))
+    for options in ({}, {"node": "gpu-1"}, {"from_seq": 3}, {"node": "gpu-1", "from_seq": 4}):
+        batches = [batch async for batch in event_log.replay_batches(**options)]  # type: ignore[arg-type]
+        assert all(batches)
+        assert [entry for batch in batches for entry in batch] == await collect(
+            event_log, **options
+        )
+        for batch in batches:  # a decision entry's envelopes all in one batch
+            last = batch[-1]
+            assert not isinstance(last, StoredEvent) or last.last
 
 
 async def test_breaking_out_of_a_replay_leaves_the_log_usable(event_log: EventLog) -> None:

@@ -123,6 +123,12 @@ class CountingLog:
             self.replayed[node_of_subject(entry.subject)] += 1
             yield entry
 
+    async def replay_batches(self, **options: Any) -> AsyncIterator[list[Entry]]:
+        async for batch in self._inner.replay_batches(**options):
+            for entry in batch:
+                self.replayed[node_of_subject(entry.subject)] += 1
+            yield batch
+
 
 class Client:
     """The executor's side of a client connection: records what it is told."""

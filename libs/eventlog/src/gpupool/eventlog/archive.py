@@ -548,12 +548,16 @@ class StreamOperator(ReadOnlyLog):
 
     async def durables(self) -> list[str]:
         """The service instances holding a durable consumer of the stream, each named as its
-        snapshot is (``<service>-<instance>``; :func:`durable_reader`)."""
+        snapshot is (``<service>-<instance>``; :func:`durable_reader`), each once (an instance
+        may hold a second slot for a while: the one it left behind after a rebuild, until it
+        expires)."""
         infos = await self._js.consumers_info(self.stream)
         return sorted(
-            durable_reader(info.config.durable_name, (info.config.metadata or {}).get(CLAIMANT))
-            for info in infos
-            if info.config.durable_name
+            {
+                durable_reader(info.config.durable_name, (info.config.metadata or {}).get(CLAIMANT))
+                for info in infos
+                if info.config.durable_name
+            }
         )
 
     async def message(self, seq: int) -> tuple[str, bytes]:

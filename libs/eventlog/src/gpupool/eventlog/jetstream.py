@@ -9,8 +9,9 @@ Everything JetStream-specific lives here; docs/eventlog.md explains the choices.
   >= 2.11). Timeouts and missing responders (reconnects, leader changes) are
   retried; the msg id makes that safe. Publishes are framed by
   :mod:`gpupool.eventlog.wire` and their PubAcks muxed on one raw inbox.
-* Replay: an ordered push consumer (ephemeral, flow controlled) feeding a bounded
-  queue, stopped at the last matching sequence seen when the replay started.
+* Replay: raw pulls of a consumer without acks, decoded in batches while the next
+  batch is on its way (:mod:`gpupool.eventlog.pulled_replay`), up to the entries
+  pending when the replay started.
 * Subscribe: a durable pull consumer with explicit acks, fetched in batches by a
   small pull loop of our own (one outstanding request, idle heartbeats to notice a
   lost request after a reconnect), on a raw subscription: a delivery stays bytes until
@@ -31,14 +32,13 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import api
 
 from gpupool.eventlog.credentials import connect_options
 from gpupool.eventlog.durables import CLAIMANT, SLOT_INACTIVE_SECONDS, durable_names
 from gpupool.eventlog.log_client import LogClient, inline_status, status_description
-from gpupool.eventlog.named_replay import named_replay
+from gpupool.eventlog.named_replay import open_replay_slot
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
     Delivery,
@@ -47,6 +47,7 @@ from gpupool.eventlog.port import (
     check_one_node,
     read_entries,
 )
+from gpupool.eventlog.pulled_replay import PulledReplay, open_ephemeral, pulled_batches
 from gpupool.eventlog.stream_limits import StreamLimits
 from gpupool.eventlog.subjects import (
     DEFAULT_SUBJECT_PREFIX,
@@ -135,6 +136,11 @@ _LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
 CONSUMER_EXISTS = 10148
 """JetStream's error code for a ``create`` of a consumer that exists."""
 
+FRESH_SLOT_LAG = PULL_BATCH
+"""A claimed durable lagging more entries than this behind where its service's rebuild ended
+is left to expire, and a fresh slot claimed there (``_claim_durable``); a smaller lag is
+delivered again and acked unread (cheaper than holding a second slot for 5 minutes)."""
+
 CLAIM_RETRY_S = 5.0
 """How often a replica that found every durable slot claimed looks again."""
 
@@ -161,7 +167,8 @@ class JetStreamEventLog:
         self._nc = nc
         self.consumer_base = consumer_base
         """The NATS user this log connects as (``durable_base``), when it reads through its
-        own replay consumers (:mod:`gpupool.eventlog.named_replay`); None: ordered consumers."""
+        own replay consumers (:mod:`gpupool.eventlog.named_replay`); None: replay consumers under
+        random names (:func:`gpupool.eventlog.pulled_replay.open_ephemeral`)."""
         self.writer = writer_token(writer)
         self.claimant = claimant
         """When set (a service's instance), ``subscribe(durable=base)`` claims one of the
@@ -174,7 +181,7 @@ class JetStreamEventLog:
         self.ack_wait = ack_wait
         self._closed = False
         self._subscriptions: set[JetStreamSubscription] = set()
-        self._replays: dict[asyncio.Queue[Msg | None], NatsSubscription] = {}
+        self._replays: set[PulledReplay] = set()
         self._appended: dict[str, int] = {}
         self._framing: dict[tuple[str, str | None, str, str, str], tuple[str, bytes, bytes]] = {}
         """(node, expectation's writer, stream, prefix, writer) -> ``_decision_framing``."""
@@ -511,60 +518,36 @@ class JetStreamEventLog:
         return msg.seq or 0
 
     async def replay(self, *, node: str | None = None, from_seq: int = 1) -> AsyncIterator[Entry]:
-        self._check_open()
-        start = max(from_seq, 1)
-        end = await self._last_seq_matching(node)
-        if end < start:
-            return
-        subject_filter = node_subject_filter(node, prefix=self.subject_prefix)
-        buffer: asyncio.Queue[Msg | None] = asyncio.Queue(maxsize=REPLAY_BUFFER)
-
-        async def on_msg(msg: Msg) -> None:
-            await buffer.put(msg)
-
-        if self.consumer_base is not None:  # an authenticated service: its own replay slots
-            async for pulled in named_replay(
-                self._nc,
-                stream=self.stream,
-                base=self.consumer_base,
-                subject_filter=subject_filter,
-                start=start,
-                until=end,
-            ):
-                seq = _stream_seq(pulled)
-                for entry in read_entries(seq, pulled.subject, pulled.data):
-                    yield entry
-            return
-        subscription = await self._js.subscribe(
-            subject_filter,
-            stream=self.stream,
-            cb=on_msg,
-            ordered_consumer=True,
-            config=api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
-            ),
-        )
-        self._replays[buffer] = subscription
-        last = start - 1
-        try:
-            while True:
-                msg = await buffer.get()
-                if msg is None:
+        async for batch in self.replay_batches(node=node, from_seq=from_seq):
+            for entry in batch:
+                if self._closed:
                     raise EventLogClosed(f"event log {self.stream} closed during a replay")
-                seq = _stream_seq(msg)
-                if seq <= last:
-                    continue  # an ordered-consumer reset may deliver a message twice
-                if seq > end:
-                    return
-                last = seq
-                for entry in read_entries(seq, msg.subject, msg.data):
-                    yield entry
-                if seq >= end:
-                    return
+                yield entry
+
+    async def replay_batches(
+        self, *, node: str | None = None, from_seq: int = 1
+    ) -> AsyncIterator[list[Entry]]:
+        """``replay`` in batches: raw pulls of a consumer without acks, two requests in flight
+        (:mod:`gpupool.eventlog.pulled_replay`); every entry once, in order, up to the end at
+        the call (the consumer's pending entries when it was created)."""
+        self._check_open()
+        nc = self._nc
+        if not isinstance(nc, LogClient):
+            raise TypeError("a JetStreamEventLog replays through a LogClient connection")
+        subject_filter = node_subject_filter(node, prefix=self.subject_prefix)
+        if self.consumer_base is not None:  # an authenticated service: its own replay slots
+            opener = open_replay_slot(nc, self.stream, self.consumer_base, subject_filter)
+        else:
+            opener = open_ephemeral(nc, self.stream, subject_filter)
+        running = PulledReplay()
+        self._replays.add(running)
+        try:
+            async for batch in pulled_batches(
+                nc, stream=self.stream, open_consumer=opener, start=from_seq, replay=running
+            ):
+                yield batch
         finally:
-            self._replays.pop(buffer, None)
-            if not self._nc.is_closed:
-                await _quietly(subscription.unsubscribe(), "replay unsubscribe")
+            self._replays.discard(running)
 
     def subscribe(
         self, *, durable: str, node: str | None = None, from_seq: int = 1
@@ -613,7 +596,7 @@ class JetStreamEventLog:
                 f"durable {durable!r} exists with filter {info.config.filter_subject!r}, "
                 f"not {subject_filter!r}"
             )
-        acked = (info.ack_floor.stream_seq if info.ack_floor is not None else 0) or 0
+        acked = _acked(info)
         if acked + 1 >= from_seq:
             return 0
         logger.info(
@@ -630,11 +613,23 @@ class JetStreamEventLog:
     ) -> tuple[str, int]:
         """One of ``durable_names(base)`` for ``claimant``: the one it claimed before (resumed),
         else the first free one, created with the ``create`` action (the server refuses it
-        if another replica created it first). Returns (its name, skip below)."""
+        if another replica created it first). Returns (its name, skip below).
+
+        A claimed slot that lags more than :data:`FRESH_SLOT_LAG` entries behind ``from_seq``
+        (a rebuild from zero, a snapshot newer than the slot's acks) is not resumed when a
+        slot is free: a fresh one is claimed at ``from_seq`` and the lagging one, pulled by
+        nobody, expires after ``SLOT_INACTIVE_SECONDS`` (no credential may delete it).
+        Resuming it would deliver every folded entry again, each acked unread. Of the
+        claimant's slots the one acknowledged furthest is taken, so a restart after that
+        resumes the fresh slot; a claimant holds at most two (the fresh one and one left
+        behind): with two lagging, the better is resumed and what it delivers below
+        ``from_seq`` is passed over, as before, and no further slot is taken from the other
+        replicas."""
         names = durable_names(base)
         give_up_at = asyncio.get_running_loop().time() + SLOT_INACTIVE_SECONDS + 60
         while True:
             free: list[str] = []
+            ours: list[tuple[int, str, api.ConsumerInfo]] = []
             for name in names:
                 try:
                     info = await self._consumer_info(name)
@@ -642,7 +637,21 @@ class JetStreamEventLog:
                     free.append(name)
                     continue
                 if (info.config.metadata or {}).get(CLAIMANT) == claimant:
+                    ours.append((_acked(info), name, info))
+            if ours:
+                acked, name, info = max(ours, key=lambda held: held[0])
+                lags = from_seq - 1 - acked > FRESH_SLOT_LAG
+                if not lags or len(ours) > 1 or not free:
                     return name, self._resumed(name, info, subject_filter, from_seq)
+                logger.info(
+                    "durable %s of %s acknowledged up to %d, its rebuild folded up to %d: "
+                    "claiming a fresh slot there; %s expires unused",
+                    name,
+                    claimant,
+                    acked,
+                    from_seq - 1,
+                    name,
+                )
             for name in free:
                 try:
                     await self._create_consumer(name, subject_filter, from_seq, claimant=claimant)
@@ -652,6 +661,8 @@ class JetStreamEventLog:
                     continue  # another replica claimed it in between
                 logger.info("durable %s claimed by %s", name, claimant)
                 return name, 0
+            if ours:
+                continue  # the free slots went to other replicas meanwhile: resume ours
             if asyncio.get_running_loop().time() > give_up_at:
                 raise EventLogClosed(
                     f"every durable of {base} ({names[0]} … {names[-1]}) is claimed by "
@@ -706,13 +717,8 @@ class JetStreamEventLog:
         self._closed = True
         for subscription in list(self._subscriptions):
             await subscription.aclose()
-        for buffer, consumer in list(self._replays.items()):
-            # Stop the consumer first: its callback may be blocked on the full buffer.
-            if not self._nc.is_closed:
-                await _quietly(consumer.unsubscribe(), "replay unsubscribe")
-            while not buffer.empty():
-                buffer.get_nowait()
-            buffer.put_nowait(None)
+        for running in list(self._replays):
+            running.close()  # it ends with EventLogClosed
         if self._nc.is_closed:
             self._mux.close()
             return
@@ -1008,10 +1014,9 @@ def _reply_counts(reply: bytes) -> tuple[int, int, int]:
     return int(tokens[7]), int(tokens[6]), int(tokens[8])
 
 
-def _stream_seq(msg: Msg) -> int:
-    """The stream sequence from a JetStream reply subject (``$JS.ACK.…``), v1 or v2 layout."""
-    tokens = msg.reply.split(".")
-    return int(tokens[5] if len(tokens) == 9 else tokens[7])
+def _acked(info: api.ConsumerInfo) -> int:
+    """The stream sequence a durable has acknowledged everything up to (a new one: its start - 1)."""
+    return (info.ack_floor.stream_seq if info.ack_floor is not None else 0) or 0
 
 
 async def _quietly(awaitable: Any, what: str) -> None:

@@ -15,12 +15,12 @@ synchronous *sink* for a subscription: the reader loop calls it with the undecod
 parts of every message of that subscription, and nothing else is done for it. Every
 other subscription is nats-py's own.
 
-The reader loop itself takes the frames of raw subscriptions first (:class:`_RawFirstParser`):
-a frame of a raw subscription that is whole in the buffer is cut out and handed to its
-sink without nats-py's regular expressions and without an ``await`` per message; the
-first frame that is anything else (another subscription's, a PING, an INFO, a frame
-still arriving) goes, with everything after it, to nats-py's own parser, so the order
-of the connection is kept.
+The reader loop cuts the message frames out of its buffer itself (:class:`_FrameParser`):
+a raw subscription's frame goes to its sink without nats-py's regular expressions and
+without an ``await``; another subscription's goes to nats-py's message handling; a frame
+still arriving waits in the buffer for the rest; every other operation (PING, PONG,
+INFO, +OK, -ERR) is handed, its line alone, to nats-py's own parser. One pass over the
+buffer, in the connection's order.
 
 The sink runs inside the client's reader loop: it must not block and must not raise
 (an exception would end the reader loop); it should append to a buffer and wake a
@@ -34,7 +34,8 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
-from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
+from nats.errors import ProtocolError
+from nats.protocol.parser import AWAITING_CONTROL_LINE, MAX_CONTROL_LINE_SIZE, Parser
 
 RawSink = Callable[[bytes, bytes, bytes, bytes | None], None]
 """``sink(subject, reply, data, headers)``: the undecoded parts of one message; ``headers``
@@ -76,61 +77,91 @@ async def _never_called(msg: Any) -> None:  # pragma: no cover - a raw sid never
     raise AssertionError("a raw subscription's message reached nats-py's callback")
 
 
-class _RawFirstParser(Parser):
-    """nats-py's parser, with the whole frames of raw subscriptions taken first (see above)."""
+class _FrameParser(Parser):
+    """nats-py's parser with the message frames cut out here (see the module's docstring)."""
 
     nc: LogClient
 
     async def parse(self, data: bytes = b"") -> None:
-        sinks = self.nc._raw_sinks
-        if self.state != AWAITING_CONTROL_LINE or not sinks:
-            await super().parse(data)
-            return
         buf = self.buf
         buf.extend(data)
-        size = len(buf)
+        if self.state != AWAITING_CONTROL_LINE:  # nats-py's parser stopped inside a frame
+            await super().parse()
+            if self.state != AWAITING_CONTROL_LINE or self.buf is not buf:
+                return
+        sinks = self.nc._raw_sinks
         subs = self.nc._subs
         stats = self.nc.stats
         pos = 0
+        size = len(buf)
         while pos < size:
             if buf.startswith(b"HMSG ", pos):
                 headered = True
             elif buf.startswith(b"MSG ", pos):
                 headered = False
             else:
-                break
-            end = buf.find(b"\r\n", pos, pos + 4096)
+                # Another operation (PING, PONG, INFO, +OK, -ERR): its line alone goes to
+                # nats-py's parser; a line still arriving waits, as nats-py's parser does.
+                del buf[:pos]
+                pos = 0
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) >= MAX_CONTROL_LINE_SIZE:
+                        await super().parse()  # nats-py's own verdict on a runaway line
+                    return
+                rest = bytes(buf[end + 2 :])
+                del buf[end + 2 :]
+                await super().parse()
+                if self.buf is not buf:  # the connection was reset meanwhile
+                    return
+                buf.extend(rest)
+                if self.state != AWAITING_CONTROL_LINE:  # it took a frame's line: its frame
+                    await super().parse()
+                    if self.state != AWAITING_CONTROL_LINE or self.buf is not buf:
+                        return
+                size = len(buf)
+                continue
+            end = buf.find(b"\r\n", pos, pos + MAX_CONTROL_LINE_SIZE)
             if end < 0:
-                break
+                break  # the control line is still arriving
             args = bytes(buf[pos:end]).split()
             count = len(args)
             # MSG <subject> <sid> [reply] <size>; HMSG <subject> <sid> [reply] <hdr size> <size>
-            if count < (5 if headered else 4) or count > (6 if headered else 5):
-                break
-            if not args[2].isdigit():
-                break
-            sid = int(args[2])
-            sink = sinks.get(sid)
-            if sink is None or sid not in subs:
-                break
-            if not (args[-1].isdigit() and (not headered or args[-2].isdigit())):
-                break
+            shortest = 5 if headered else 4
+            if not (
+                shortest <= count <= shortest + 1
+                and args[2].isdigit()
+                and args[-1].isdigit()
+                and (not headered or args[-2].isdigit())
+            ):
+                raise ProtocolError("nats: malformed MSG")
             total = int(args[-1])
             header_size = int(args[-2]) if headered else 0
-            reply = args[3] if count == (6 if headered else 5) else b""
+            if header_size > total:
+                raise ProtocolError("nats: malformed MSG")
             start = end + 2
-            if start + total + 2 > size or header_size > total:
-                break  # not all here yet: nats-py's parser waits for the rest
+            if start + total + 2 > size:
+                break  # the frame is still arriving: wait for the rest
+            sid = int(args[2])
+            reply = args[3] if count > shortest else b""
             headers = bytes(buf[start : start + header_size]) if header_size else None
             payload = bytes(buf[start + header_size : start + total])
             pos = start + total + 2
-            stats["in_msgs"] += 1
-            stats["in_bytes"] += total - header_size
-            sink(args[1], reply, payload, headers)
+            sink = sinks.get(sid)
+            if sink is not None and sid in subs:
+                stats["in_msgs"] += 1
+                stats["in_bytes"] += total - header_size
+                sink(args[1], reply, payload, headers)
+                continue
+            # any other subscription's message: nats-py's own handling
+            del buf[:pos]
+            pos = 0
+            await self.nc._process_msg(sid, args[1], reply, payload, headers)
+            if self.buf is not buf:
+                return
+            size = len(buf)
         if pos:
             del buf[:pos]
-        if buf:
-            await super().parse()
 
 
 class LogClient(Client):
@@ -139,7 +170,7 @@ class LogClient(Client):
     def __init__(self) -> None:
         super().__init__()
         self._raw_sinks: dict[int, RawSink] = {}
-        self._ps = _RawFirstParser(self)
+        self._ps = _FrameParser(self)
 
     async def raw_subscribe(self, subject: str, sink: RawSink) -> Subscription:
         """Subscribe ``subject`` with ``sink`` called for each message (see the module).

@@ -17,6 +17,7 @@ from gpupool.eventlog.port import (
     Delivery,
     Entry,
     EventLogClosed,
+    StoredEvent,
     check_one_node,
     entry_subject,
     read_entries,
@@ -31,6 +32,9 @@ from gpupool.eventlog.subjects import (
     writer_token,
 )
 from gpupool.events import Envelope, encode_entry, encode_envelope, event_node
+
+REPLAY_BATCH = 1024
+"""Entries per list of ``replay_batches``."""
 
 
 class _Record:
@@ -144,6 +148,20 @@ class InMemoryEventLog:
             if subject_matches(record.subject, subject_filter):
                 for entry in read_entries(seq, record.subject, record.data):
                     yield entry
+
+    async def replay_batches(
+        self, *, node: str | None = None, from_seq: int = 1
+    ) -> AsyncIterator[list[Entry]]:
+        """``replay``'s entries (a subclass's ``replay`` included), in lists of about
+        :data:`REPLAY_BATCH`, never splitting a decision entry."""
+        batch: list[Entry] = []
+        async for entry in self.replay(node=node, from_seq=from_seq):
+            batch.append(entry)
+            if len(batch) >= REPLAY_BATCH and (not isinstance(entry, StoredEvent) or entry.last):
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
     def subscribe(
         self, *, durable: str, node: str | None = None, from_seq: int = 1

@@ -10,6 +10,10 @@ of its own *replay slots* instead (``<user>-replay-<k>``, :func:`replay_names`):
 created with the ``create`` action (refused if another reader holds the slot),
 pulled in batches without acks, kept in memory, and deleted when the read ends
 (a crashed reader's slot expires after :data:`REPLAY_INACTIVE_SECONDS`).
+
+A log's replay (:meth:`JetStreamEventLog.replay`) pulls its slot with raw pulls
+(:mod:`gpupool.eventlog.pulled_replay`, :func:`open_replay_slot`); :func:`named_replay`
+hands out nats-py messages (headers, times) to the read-only reader.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
+
+from gpupool.eventlog.pulled_replay import Opener, pending_of
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +60,21 @@ async def _request(nc: Any, subject: str, body: dict[str, Any]) -> dict[str, Any
     return answer
 
 
-async def _claim(nc: Any, stream: str, base: str, subject_filter: str, start: int) -> str:
+def open_replay_slot(nc: Any, stream: str, base: str, subject_filter: str) -> Opener:
+    """An opener (:mod:`gpupool.eventlog.pulled_replay`) claiming one of ``base``'s replay
+    slots from a sequence: (its name, its pending entries)."""
+
+    async def open_slot(start: int) -> tuple[str, int]:
+        name, answer = await _claim(nc, stream, base, subject_filter, start)
+        return name, pending_of(answer)
+
+    return open_slot
+
+
+async def _claim(
+    nc: Any, stream: str, base: str, subject_filter: str, start: int
+) -> tuple[str, dict[str, Any]]:
+    """A free replay slot, created from ``start``: (its name, the create's answer)."""
     config = api.ConsumerConfig(
         description="gpupool replay",
         filter_subject=subject_filter,
@@ -76,14 +96,14 @@ async def _claim(nc: Any, stream: str, base: str, subject_filter: str, start: in
                 "config": {**config.as_dict(), "name": name},
             }
             try:
-                await _request(
+                answer = await _request(
                     nc, f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{subject_filter}", body
                 )
             except nats.js.errors.APIError as error:
                 if error.err_code == CONSUMER_EXISTS:
                     continue  # another read holds it
                 raise
-            return name
+            return name, answer
         if loop.time() > give_up_at:
             raise nats.errors.TimeoutError
         logger.warning("every replay slot of %s is in use; waiting for one", base)
@@ -101,7 +121,7 @@ async def named_replay(
 ) -> AsyncIterator[Msg]:
     """The stream's messages on ``subject_filter`` from ``start``, in order: up to ``until``
     (its sequence included), or for ever (following)."""
-    name = await _claim(nc, stream, base, subject_filter, start)
+    name, _ = await _claim(nc, stream, base, subject_filter, start)
     inbox = nc.new_inbox()
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 

@@ -193,6 +193,14 @@ class EventLog(Protocol):
         """Every entry present when called, from ``from_seq`` on, in order; then it stops."""
         ...
 
+    def replay_batches(
+        self, *, node: str | None = None, from_seq: int = 1
+    ) -> AsyncIterator[list[Entry]]:
+        """``replay`` in batches (non-empty lists, in order; a decision entry's envelopes are
+        never split between two): the same entries, without an await per entry (a rebuild
+        folds a batch while the next one is read)."""
+        ...
+
     def subscribe(
         self, *, durable: str, node: str | None = None, from_seq: int = 1
     ) -> Subscription:
@@ -241,6 +249,22 @@ def subject_disagreement(subject: str, envelopes: Sequence[Envelope]) -> str | N
     return None
 
 
+_UNSEEN = object()
+_SUBJECT_NODES: dict[str, object] = {}
+"""Subject -> the node it names (NODELESS for ``_``; None: not checked), for ``read_entries``."""
+MAX_REMEMBERED_SUBJECTS = 4096
+
+
+def _subject_node(subject: str) -> str | None:
+    """The node an entry's events must be for on ``subject`` (``subject_disagreement``'s rule),
+    remembered (a log has a few subjects per node; garbage ones do not grow it for ever)."""
+    named = None if subject.count(".") < 2 else (node_of_subject(subject) or NODELESS)
+    if len(_SUBJECT_NODES) >= MAX_REMEMBERED_SUBJECTS:
+        _SUBJECT_NODES.clear()
+    _SUBJECT_NODES[subject] = named
+    return named
+
+
 def read_entries(seq: int, subject: str, data: bytes) -> tuple[Entry, ...]:
     """Decode the bytes of one log entry into its events; garbage becomes one :class:`Undecodable`.
 
@@ -252,6 +276,13 @@ def read_entries(seq: int, subject: str, data: bytes) -> tuple[Entry, ...]:
         envelopes = decode_entry(data)
     except EventDecodeError as exc:
         return (Undecodable(seq=seq, subject=subject, data=data, error=str(exc)),)
+    if len(envelopes) == 1:  # the common case, checked against the subject's node remembered
+        envelope = envelopes[0]
+        named = _SUBJECT_NODES.get(subject, _UNSEEN)
+        if named is _UNSEEN:
+            named = _subject_node(subject)
+        if named is None or event_node(envelope.event) == named:
+            return (StoredEvent(seq, subject, envelope),)
     disagreement = subject_disagreement(subject, envelopes)
     if disagreement is not None:
         return (Undecodable(seq=seq, subject=subject, data=data, error=disagreement),)

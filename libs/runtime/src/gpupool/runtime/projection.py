@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from gpupool.core import State, assignment_holds, evolve
 from gpupool.core.admission_check import EnvelopeIds, admission_problem
 from gpupool.core.producers import producer_problem
-from gpupool.events import Assigned, Envelope, event_node
+from gpupool.events import Assigned, Envelope
 from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
@@ -100,29 +100,47 @@ class Projection:
 
         This is the one place a decoded entry is folded into the state.
         """
-        if self.applied(seq, index):
+        # ``applied`` and ``_mark`` inlined: this runs for every entry of a rebuild
+        if seq <= self.last_seq or seq in self.ahead:
+            return False
+        open_entry = self.open_entry
+        if open_entry is not None and open_entry[0] == seq and index < open_entry[1]:
             return False
         state = self.state
-        problem = producer_problem(envelope.event, writer) or admission_problem(
-            state, envelope, self.envelope_ids
-        )  # believed if its writer produces such events and it is admissible
+        event = envelope.event
+        problem = (
+            None if writer is None else producer_problem(event, writer)
+        ) or admission_problem(state, envelope, self.envelope_ids)
+        # believed if its writer produces such events and it is admissible
         if problem is not None:
             self.refused.append(Refused(seq=seq, envelope=envelope, reason=problem))
         else:
-            event = envelope.event
             # an Assigned is checked once here for the statistics and the fold (same state)
             holds = assignment_holds(state, event) if type(event) is Assigned else None
             if self.statistics is not None:
                 self.statistics.observe(state, envelope, seq, holds)
-            for observer in self.observers:
-                observer(state, envelope, seq)
+            if self.observers:
+                for observer in self.observers:
+                    observer(state, envelope, seq)
             evolve(state, envelope, holds)
             self.envelope_ids.add(envelope.id)
-        if last:
-            self.open_entry = None
-            self._mark(seq, event_node(envelope.event), writer)
-        else:
+        if not last:
             self.open_entry = (seq, index + 1)
+            return True
+        self.open_entry = None
+        node = event.node  # event_node
+        node_seq = self.node_seq
+        if seq > node_seq.get(node, 0):
+            node_seq[node] = seq
+        if writer is not None:
+            key = (node, writer)
+            writer_seq = self.writer_seq
+            if seq > writer_seq.get(key, 0):
+                writer_seq[key] = seq
+        if seq == self.last_seq + 1 and not self.ahead:
+            self.last_seq = seq  # in order: the watermark moves on
+        else:
+            self._mark(seq, None)
         return True
 
     def apply_entry(

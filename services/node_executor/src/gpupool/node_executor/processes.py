@@ -35,8 +35,9 @@ DEFAULT_KILL_CONFIRM_SECONDS = 5.0
 
 
 SHIM = ("-I", "-S", str(Path(__file__).with_name("shim.py")))
-"""The shim runs isolated and without site-packages (it needs only the standard library):
-its start-up costs a few milliseconds, not the tens a full interpreter start takes."""
+"""The shim runs isolated and without site-packages (it needs only the standard library,
+and finds its own modules beside ``shim.py``): a start costs the bare interpreter's CPU and
+a few milliseconds more (docs/benchmarks.md, "The workload shim's start")."""
 
 
 class CallerCredentials(msgspec.Struct, frozen=True, kw_only=True):

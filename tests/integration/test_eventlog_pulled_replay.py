@@ -1,0 +1,127 @@
+"""The replay by raw pulls on a real nats-server: every entry once, in order, whatever is lost.
+
+``JetStreamEventLog.replay`` reads a consumer without acks by raw pulls
+(gpupool.eventlog.pulled_replay). It proves contiguity by the consumer's delivery
+numbers: a delivery lost on the way, or the consumer deleted under the replay, makes it
+open a new consumer after the last entry it handed out, and it still hands out every
+entry once; it ends at the entries pending when it started, leaving no consumer behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from gpupool.eventlog import JetStreamEventLog, jetstream, pulled_replay
+from gpupool.eventlog.log_client import inline_status
+from gpupool.eventlog.port import Entry
+from gpupool.events import Envelope, MessageRejected
+
+pytestmark = pytest.mark.integration
+
+ENTRIES = 2 * pulled_replay.REPLAY_BATCH + 500
+"""More than the two pulls kept in flight: the replay pulls again while it reads."""
+
+
+def rejected(i: int) -> Envelope:
+    return Envelope(
+        id=f"entry-{i}",
+        time=datetime(2025, 1, 1, tzinfo=UTC),
+        event=MessageRejected(subject="test", reason=f"entry {i}", payload=""),
+    )
+
+
+async def filled(log: JetStreamEventLog) -> list[int]:
+    return await log.append_many([rejected(i) for i in range(ENTRIES)])
+
+
+def counting_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The consumers the log's replays open, by name, in order."""
+    opened: list[str] = []
+    make = pulled_replay.open_ephemeral
+
+    def open_ephemeral(nc: object, stream: str, subject_filter: str) -> pulled_replay.Opener:
+        inner = make(nc, stream, subject_filter)
+
+        async def open_consumer(start: int) -> tuple[str, int]:
+            name, pending = await inner(start)
+            opened.append(name)
+            return name, pending
+
+        return open_consumer
+
+    monkeypatch.setattr(jetstream, "open_ephemeral", open_ephemeral)
+    return opened
+
+
+async def consumers_left(log: JetStreamEventLog) -> list[str]:
+    return [info.name for info in await log._js.consumers_info(log.stream)]
+
+
+async def replayed(log: JetStreamEventLog, **options: int) -> list[Entry]:
+    async with asyncio.timeout(60):
+        return [entry async for entry in log.replay(**options)]
+
+
+async def test_a_replay_of_several_pulls_hands_out_every_entry_once_and_leaves_no_consumer(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = await filled(jetstream_log)
+    opened = counting_opens(monkeypatch)
+    entries = await replayed(jetstream_log)
+    assert [entry.seq for entry in entries] == seqs
+    assert len(opened) == 1  # nothing lost: one consumer
+    assert await consumers_left(jetstream_log) == []
+    middle = seqs[len(seqs) // 2]
+    assert [e.seq for e in await replayed(jetstream_log, from_seq=middle)] == seqs[len(seqs) // 2 :]
+    batches = [batch async for batch in jetstream_log.replay_batches()]
+    assert all(batches) and len(batches) >= 2  # what has arrived, a pull's worth or more
+    assert [entry.seq for batch in batches for entry in batch] == seqs
+
+
+async def test_a_delivery_lost_on_the_way_is_read_again_from_a_new_consumer(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = await filled(jetstream_log)
+    opened = counting_opens(monkeypatch)
+    sink = pulled_replay._Inbox.sink
+    seen = 0
+    lost = pulled_replay.REPLAY_BATCH + 7  # one delivery in the second pull
+
+    def losing_sink(
+        inbox: pulled_replay._Inbox,
+        subject: bytes,
+        reply: bytes,
+        data: bytes,
+        headers: bytes | None,
+    ) -> None:
+        nonlocal seen
+        if inline_status(headers) is None:  # an entry, not a status
+            seen += 1
+            if seen == lost:
+                return  # gone, as with a connection that dropped
+        sink(inbox, subject, reply, data, headers)
+
+    monkeypatch.setattr(pulled_replay._Inbox, "sink", losing_sink)
+    entries = await replayed(jetstream_log)
+    assert [entry.seq for entry in entries] == seqs  # the lost one too, nothing twice
+    assert len(opened) == 2  # the gap was seen: a second consumer read on after it
+    assert await consumers_left(jetstream_log) == []
+
+
+async def test_a_replay_whose_consumer_is_deleted_under_it_reads_on_from_a_new_one(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = await filled(jetstream_log)
+    opened = counting_opens(monkeypatch)
+    entries: list[Entry] = []
+    async with asyncio.timeout(60):
+        async for batch in jetstream_log.replay_batches():
+            entries += batch
+            if len(opened) == 1 and len(entries) == len(batch):  # after the first batch
+                await jetstream_log._js.delete_consumer(jetstream_log.stream, opened[0])
+    assert [entry.seq for entry in entries] == seqs
+    assert len(opened) == 2
+    assert await consumers_left(jetstream_log) == []
