@@ -107,6 +107,7 @@ from gpupool.events import (
     encode_envelope,
 )
 from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.heap import settle_after_rebuild
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 ms = 1000.0
@@ -697,6 +698,7 @@ async def burst(
 
     admission.projection.observers.append(count)
     await admission.rebuild()
+    settle_after_rebuild()  # as run_service does after the rebuild
     service = AdmissionQueue()
     async with AsyncExitStack() as stack:
         await service.start(admission, stack)

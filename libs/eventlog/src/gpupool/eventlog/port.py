@@ -31,7 +31,7 @@ from gpupool.events import (
 from gpupool.events.limits import MAX_MESSAGE, MAX_NODE_NAME
 
 
-class StoredEvent(msgspec.Struct, frozen=True):
+class StoredEvent(msgspec.Struct, frozen=True, gc=False):
     """An envelope as the log holds it: its stream sequence and subject.
 
     A decision entry (several envelopes committed as one stream message) is read as
@@ -46,7 +46,7 @@ class StoredEvent(msgspec.Struct, frozen=True):
     last: bool = True
 
 
-class Undecodable(msgspec.Struct, frozen=True):
+class Undecodable(msgspec.Struct, frozen=True, gc=False):
     """An entry on a log subject whose bytes are not an envelope this code can read."""
 
     seq: int
@@ -286,6 +286,8 @@ def read_entries(seq: int, subject: str, data: bytes) -> tuple[Entry, ...]:
     disagreement = subject_disagreement(subject, envelopes)
     if disagreement is not None:
         return (Undecodable(seq=seq, subject=subject, data=data, error=disagreement),)
+    if len(envelopes) == 1:  # the common case: one envelope, no generator
+        return (StoredEvent(seq=seq, subject=subject, envelope=envelopes[0], index=0, last=True),)
     last = len(envelopes) - 1
     return tuple(
         StoredEvent(seq=seq, subject=subject, envelope=envelope, index=index, last=index == last)

@@ -135,7 +135,7 @@ UPCASTERS: dict[int, Upcaster] = {1: _upcast_v1_v2}
 """``UPCASTERS[n]`` turns a version-``n`` envelope into version ``n + 1``."""
 
 
-class LogEntry(msgspec.Struct, frozen=True, kw_only=True):
+class LogEntry(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One log entry holding a whole decision: every envelope commits, or none does."""
 
     envelopes: tuple[Envelope, ...]

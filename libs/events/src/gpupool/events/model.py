@@ -42,7 +42,7 @@ NODELESS = ""
 """The ``node`` of an event that belongs to no node (a message rejected before it was read)."""
 
 
-class PodRef(msgspec.Struct, frozen=True, kw_only=True, order=True):
+class PodRef(msgspec.Struct, frozen=True, gc=False, kw_only=True, order=True):
     """A pod, by namespace and name."""
 
     namespace: Namespace
@@ -56,14 +56,14 @@ class PodRef(msgspec.Struct, frozen=True, kw_only=True, order=True):
         return self.key
 
 
-class Share(msgspec.Struct, frozen=True, kw_only=True):
+class Share(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Percentages of one GPU: ``alibabacloud.com/gpu-core.percentage`` and ``gpu-memory.percentage``."""
 
     core: Percent
     memory: Percent
 
 
-class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
+class GpuInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One GPU of a node, as the node-executor discovered it (index and UUID are the node's real ones)."""
 
     index: GpuIndex
@@ -72,7 +72,7 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     name: Text = ""
 
 
-class QosConfig(msgspec.Struct, frozen=True, kw_only=True):
+class QosConfig(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """The node's ``alibabacloud.com/gpu-share-qos-config`` annotation, validated.
 
     The first three fields are the annotation's documented ones; the others are ours
@@ -90,7 +90,7 @@ class QosConfig(msgspec.Struct, frozen=True, kw_only=True):
 # --------------------------------------------------------------------------- node facts
 
 
-class NodeConfigured(msgspec.Struct, frozen=True, kw_only=True, tag="NodeConfigured"):
+class NodeConfigured(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="NodeConfigured"):
     """The policy service enabled (or re-configured) a node for GPU sharing."""
 
     node: NodeName
@@ -100,13 +100,13 @@ class NodeConfigured(msgspec.Struct, frozen=True, kw_only=True, tag="NodeConfigu
     """GPUs the node advertises (``nvidia.com/gpu``); allocatable until the inventory is reported."""
 
 
-class NodeDisabled(msgspec.Struct, frozen=True, kw_only=True, tag="NodeDisabled"):
+class NodeDisabled(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="NodeDisabled"):
     """The node's policy became ``none`` (or its label was removed)."""
 
     node: NodeName
 
 
-class NodeRejected(msgspec.Struct, frozen=True, kw_only=True, tag="NodeRejected"):
+class NodeRejected(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="NodeRejected"):
     """A node configuration was refused; ``reason`` is machine-readable, ``message`` for people."""
 
     node: NodeName
@@ -114,7 +114,9 @@ class NodeRejected(msgspec.Struct, frozen=True, kw_only=True, tag="NodeRejected"
     message: Message
 
 
-class GpuInventoryReported(msgspec.Struct, frozen=True, kw_only=True, tag="GpuInventoryReported"):
+class GpuInventoryReported(
+    msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="GpuInventoryReported"
+):
     """The node-executor's view of the node's GPUs; ``source`` says whether they are real."""
 
     node: NodeName
@@ -125,7 +127,7 @@ class GpuInventoryReported(msgspec.Struct, frozen=True, kw_only=True, tag="GpuIn
 # --------------------------------------------------------------------------- pod facts
 
 
-class PodRegistered(msgspec.Struct, frozen=True, kw_only=True, tag="PodRegistered"):
+class PodRegistered(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="PodRegistered"):
     """A valid GPU-sharing pod was admitted to its node; it starts dormant."""
 
     pod: PodRef
@@ -137,7 +139,7 @@ class PodRegistered(msgspec.Struct, frozen=True, kw_only=True, tag="PodRegistere
     uid: Text = ""
 
 
-class PodRejected(msgspec.Struct, frozen=True, kw_only=True, tag="PodRejected"):
+class PodRejected(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="PodRejected"):
     """A pod spec, or a request made for a pod, was refused."""
 
     pod: PodRef
@@ -146,14 +148,14 @@ class PodRejected(msgspec.Struct, frozen=True, kw_only=True, tag="PodRejected"):
     message: Message
 
 
-class PodReady(msgspec.Struct, frozen=True, kw_only=True, tag="PodReady"):
+class PodReady(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="PodReady"):
     """The pod tried to use a GPU: it joins the node's ready queue."""
 
     pod: PodRef
     node: NodeName
 
 
-class Assigned(msgspec.Struct, frozen=True, kw_only=True, tag="Assigned"):
+class Assigned(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="Assigned"):
     """The pod was given a slot on one GPU: it is running."""
 
     pod: PodRef
@@ -162,7 +164,7 @@ class Assigned(msgspec.Struct, frozen=True, kw_only=True, tag="Assigned"):
     gpu_uuid: Text
 
 
-class Preempted(msgspec.Struct, frozen=True, kw_only=True, tag="Preempted"):
+class Preempted(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="Preempted"):
     """The victim must give up its GPU so that the preemptor can run.
 
     The victim keeps its slot until the node-executor records its Released(preempted).
@@ -176,7 +178,7 @@ class Preempted(msgspec.Struct, frozen=True, kw_only=True, tag="Preempted"):
     reason: PreemptReason
 
 
-class Released(msgspec.Struct, frozen=True, kw_only=True, tag="Released"):
+class Released(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="Released"):
     """The pod left its GPU (or, with ``gpu_index`` None, left the ready queue) and is dormant."""
 
     pod: PodRef
@@ -187,7 +189,7 @@ class Released(msgspec.Struct, frozen=True, kw_only=True, tag="Released"):
     exit_code: ExitCode | None = None
 
 
-class PodRemoved(msgspec.Struct, frozen=True, kw_only=True, tag="PodRemoved"):
+class PodRemoved(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="PodRemoved"):
     """The pod was deleted: it leaves the queue at once.
 
     A pod that holds a GPU slot keeps it, *releasing*, until the node-executor
@@ -202,7 +204,7 @@ class PodRemoved(msgspec.Struct, frozen=True, kw_only=True, tag="PodRemoved"):
 # --------------------------------------------------------------------------- bad input
 
 
-class MessageRejected(msgspec.Struct, frozen=True, kw_only=True, tag="MessageRejected"):
+class MessageRejected(msgspec.Struct, frozen=True, gc=False, kw_only=True, tag="MessageRejected"):
     """A message on an event subject that could not be read; set aside with the reason."""
 
     subject: Subject
@@ -244,7 +246,7 @@ ALL_EVENT_TYPES: tuple[type[Event], ...] = (
 )
 
 
-class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+class Envelope(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One entry of the log: the event and where it came from."""
 
     id: Id

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +51,7 @@ from gpupool.events import (
     event_node,
 )
 from gpupool.runtime.eager import start_now
+from gpupool.runtime.ids import new_id
 from gpupool.runtime.projection import Projection, Refused
 
 
@@ -405,7 +405,9 @@ class DeciderLoop:
         Decisions for one node are made one at a time within this process (a lock per
         node), so only other processes can make an append conflict.
         """
-        lock = self._node_locks.setdefault(node, asyncio.Lock())
+        lock = self._node_locks.get(node)
+        if lock is None:
+            lock = self._node_locks[node] = asyncio.Lock()
         async with lock:
             return await self._execute(command, node=node, cause=cause)
 
@@ -422,24 +424,25 @@ class DeciderLoop:
                 return []
             if not events:
                 return []
-            correlation = (
-                cause.correlation_id or cause.id if cause is not None else uuid.uuid4().hex
-            )
-            envelopes = [
-                Envelope(
-                    id=uuid.uuid4().hex,
-                    time=now,
-                    event=event,
-                    correlation_id=correlation,
-                    causation_id=cause.id if cause is not None else "",
-                )
-                for event in events
-            ]
+            if cause is not None:
+                correlation, causation = cause.correlation_id or cause.id, cause.id
+            else:
+                correlation, causation = new_id(), ""
+            envelopes = []
             for event in events:
-                if event_node(event) != node:
+                if event.node != node:
                     raise ValueError(
                         f"decided event for {event_node(event)!r} while executing for {node!r}"
                     )
+                envelopes.append(
+                    Envelope(
+                        id=new_id(),
+                        time=now,
+                        event=event,
+                        correlation_id=correlation,
+                        causation_id=causation,
+                    )
+                )
             scope = expectation_writer(command, events, self.writer)
             expected = self.projection.expected_node_seq(node, scope)
             try:

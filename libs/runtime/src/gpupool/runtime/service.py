@@ -29,6 +29,7 @@ from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
 from gpupool.events import NODELESS
 from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.heap import settle_after_rebuild
 from gpupool.runtime.http import HttpEndpoint
 from gpupool.runtime.partition import restrict_to_node
 from gpupool.runtime.projection import Projection
@@ -265,6 +266,7 @@ async def run_service(
         if on_listening is not None:
             await on_listening(port)
         folded = await loop.rebuild()
+        settle_after_rebuild()
         log.info(
             "%s: rebuilt from %d log entries (last sequence %d)",
             service.name,

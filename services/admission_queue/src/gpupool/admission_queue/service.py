@@ -84,9 +84,11 @@ class AdmissionQueue:
             self._deciding[node] = task
 
     async def _decide_while_poked(self, node: str, cause: Envelope | None) -> None:
+        assert self._loop is not None
+        execute = self._loop.execute
         try:
             while True:
-                await self._schedule(node, cause)
+                await execute(Schedule(node=node), node=node, cause=cause)  # _schedule, inline
                 if node not in self._again:
                     return
                 cause = self._again.pop(node)
