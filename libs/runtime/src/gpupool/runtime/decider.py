@@ -116,6 +116,10 @@ class _CollectionPause:
 collection_paused = _CollectionPause()
 
 
+_UNSEEN_SUBJECT: Any = object()
+"""``DeciderLoop._writers`` has no answer for the subject yet (None is one: no writer token)."""
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -326,23 +330,25 @@ class DeciderLoop:
         apply = projection.apply
         writers = self._writers
         partition = self.partition
+        refused = projection.refused  # a deque: take_refused clears it, never replaces it
         new: list[Entry] = []
+        append = new.append
         for entry in batch:
             if type(entry) is not StoredEvent:
                 if self.fold(entry, ordered=True):
-                    new.append(entry)
+                    append(entry)
                 continue
             if partition is not None:
                 projection.pass_below(entry.seq)
             subject = entry.subject
-            writer = writers.get(subject)
-            if writer is None:
+            writer = writers.get(subject, _UNSEEN_SUBJECT)
+            if writer is _UNSEEN_SUBJECT:
                 writer = self._writer_of(subject)
             if apply(entry.seq, entry.envelope, index=entry.index, last=entry.last, writer=writer):
-                new.append(entry)
-            if projection.refused:
-                for refused in projection.take_refused():
-                    self._refusals.append(refusal_entry(subject, refused))
+                append(entry)
+            if refused:
+                for refusal in projection.take_refused():
+                    self._refusals.append(refusal_entry(subject, refusal))
         return new
 
     def _writer_of(self, subject: str) -> str | None:

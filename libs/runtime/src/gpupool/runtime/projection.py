@@ -33,7 +33,7 @@ from gpupool.runtime.snapshot import (
     state_from_record,
     state_record,
 )
-from gpupool.runtime.statistics import LogStatistics
+from gpupool.runtime.statistics import UNCOUNTED_EVENTS, LogStatistics
 
 Observer = Callable[[State, Envelope, int], None]
 
@@ -117,8 +117,9 @@ class Projection:
         else:
             # an Assigned is checked once here for the statistics and the fold (same state)
             holds = assignment_holds(state, event) if type(event) is Assigned else None
-            if self.statistics is not None:
-                self.statistics.observe(state, envelope, seq, holds)
+            statistics = self.statistics
+            if statistics is not None and type(event) not in UNCOUNTED_EVENTS:
+                statistics.observe(state, envelope, seq, holds)
             if self.observers:
                 for observer in self.observers:
                     observer(state, envelope, seq)

@@ -26,6 +26,7 @@ import msgspec
 
 from gpupool.core import State, assignment_holds
 from gpupool.events import (
+    ALL_EVENT_TYPES,
     Assigned,
     Envelope,
     MessageRejected,
@@ -73,7 +74,9 @@ class WaitHistogram(msgspec.Struct, kw_only=True):
 
     def observe(self, wait: timedelta) -> None:
         """Count one wait; a negative one (two writers' clocks disagree) counts as zero."""
-        micros = max(0, wait // _MICROSECOND)
+        micros = wait // _MICROSECOND
+        if micros < 0:
+            micros = 0
         self.bucket_counts[bisect_left(_BOUNDS_MICROS, micros)] += 1
         self.sum_micros += micros
         self.count += 1
@@ -137,16 +140,26 @@ class LogStatistics(msgspec.Struct, kw_only=True):
         if type(event) is Assigned:
             if not (assignment_holds(state, event) if holds is None else holds):
                 return  # folded as a no-op (its pod left the queue first): nothing assigned
-            stats = self.nodes.get(event.node) or self.node(event.node)
+            nodes = self.nodes
+            stats = nodes.get(event.node) or self.node(event.node)
             stats.assignments += 1
-            self._end_wait(state, event.pod, envelope.time)
+            # _end_wait inlined (an Assigned that holds ends a wait nearly always)
+            pod = state.pods.get(event.pod)
+            if pod is not None and pod.ready_since is not None and pod.phase == "ready":
+                if pod.node != event.node:
+                    stats = nodes.get(pod.node) or self.node(pod.node)
+                stats.waits.observe(envelope.time - pod.ready_since)
         elif type(event) is Released:
             stats = self.nodes.get(event.node) or self.node(event.node)
-            _count(stats.releases, event.reason)
+            releases = stats.releases
+            reason = event.reason
+            releases[reason] = releases.get(reason, 0) + 1
             self._end_wait(state, event.pod, envelope.time)
         elif type(event) is PodRejected:
             stats = self.nodes.get(event.node) or self.node(event.node)
-            _count(stats.pod_rejections, event.reason)
+            rejections = stats.pod_rejections
+            rejected = event.reason
+            rejections[rejected] = rejections.get(rejected, 0) + 1
         elif type(event) is Preempted:
             _count(self.node(event.node).preemptions, event.reason)
         elif type(event) is PodRemoved or type(event) is PodRegistered:
@@ -160,6 +173,11 @@ class LogStatistics(msgspec.Struct, kw_only=True):
         if pod is not None and pod.ready_since is not None and pod.phase == "ready":
             stats = self.nodes.get(pod.node) or self.node(pod.node)
             stats.waits.observe(at - pod.ready_since)
+
+
+_COUNTED_EVENTS = {Assigned, Released, PodRejected, Preempted, PodRemoved, PodRegistered}
+UNCOUNTED_EVENTS: frozenset[type] = frozenset(ALL_EVENT_TYPES) - _COUNTED_EVENTS - {MessageRejected}
+"""Event types ``LogStatistics.observe`` counts nothing for: a projection need not call it."""
 
 
 def _count(table: dict[str, int], key: str) -> None:
