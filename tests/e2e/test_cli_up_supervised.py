@@ -260,7 +260,7 @@ async def test_ctrl_c_records_the_true_end_of_running_jobs_and_stops_nats_last(
 async def test_pods_added_while_up_runs_are_registered_and_the_commands_find_its_nats(
     tmp_path: Path,
 ) -> None:
-    empty = CLUSTER.split("pods:")[0] + "pods: []\n"
+    empty = "# the operator's notes\n" + CLUSTER.split("pods:")[0] + "pods: []\n"
     async with gpupool_up(tmp_path, empty) as up:
         added = await spawn(
             *cli("pod", "add", "pod-x", "--core", "50", "--memory", "50"),
@@ -270,6 +270,7 @@ async def test_pods_added_while_up_runs_are_registered_and_the_commands_find_its
         assert "pod default/pod-x added to" in added.lines[0]
         # it returns once the log holds the registration: a run started now finds the pod
         assert added.lines[-1] == "pod default/pod-x registered on node local-node", added.lines
+        assert up.cluster.read_text().startswith(empty.split("pods:")[0])  # comments kept
         refused = await spawn(
             *cli("pod", "add", "pod-y", "--core", "50", "--memory", "50", "--limit-core", "40"),
             state_dir=up.state_dir,

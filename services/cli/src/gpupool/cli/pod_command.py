@@ -5,7 +5,10 @@ The pod is added to the cluster file (``--cluster``, default: the one the runnin
 registers the pod. With a running ``gpupool up`` the command waits (``--wait``
 seconds, default 30) until the log records the outcome, PodRegistered or
 PodRejected, and says which, so that a ``gpupool run --pod NAME`` started after it
-finds the pod registered. The file is rewritten as YAML: comments in it are not kept.
+finds the pod registered. The pod is written into the file's ``pods`` list as one
+line; the rest of the file, comments included, is kept as it was. Only where the list
+cannot be edited in place (a ``pods`` list written inline with its items, say) is the
+whole file written out again as YAML, without its comments, and the command says so.
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ async def add(args: argparse.Namespace) -> int:
     except msgspec.ValidationError as error:
         raise InvalidInput(f"pod {args.name}: {error}") from error
     try:
-        document = yaml.safe_load(cluster_file.read_text()) or {}
+        text = cluster_file.read_text()
+        document = yaml.safe_load(text) or {}
     except (OSError, yaml.YAMLError) as error:
         raise CommandFailed(f"{cluster_file}: cannot read the cluster file: {error}") from error
     if not isinstance(document, dict):
@@ -101,12 +105,21 @@ async def add(args: argparse.Namespace) -> int:
     ):
         raise InvalidInput(f"pod {args.namespace}/{args.name} is in {cluster_file} already")
     pods.append(pod)
+    edited = text_with_pod_added(text, pod)
+    new_text = edited if edited is not None else yaml.safe_dump(document, sort_keys=False)
     log = await connect_log(running) if running is not None and args.wait > 0 else None
     try:
         after_seq = await last_seq(log) if log is not None else 0
         temporary = cluster_file.with_name(cluster_file.name + ".tmp")
-        temporary.write_text(yaml.safe_dump(document, sort_keys=False))
+        temporary.write_text(new_text)
         temporary.replace(cluster_file)
+        if edited is None:
+            print(
+                f"{cluster_file}: its pods list could not be edited in place; the file was "
+                "written out again as YAML, without its comments",
+                file=sys.stderr,
+                flush=True,
+            )
         print(
             f"pod {args.namespace}/{args.name} added to {cluster_file} (node {node}, requests "
             f"{args.core}/{args.memory}, limits {limits['core']}/{limits['memory']})"
@@ -132,6 +145,81 @@ async def add(args: argparse.Namespace) -> int:
         raise CommandFailed(f"pod {ref} was rejected ({outcome.reason}): {outcome.message}")
     print(f"pod {ref} registered on node {outcome.node}", file=sys.stdout)
     return EXIT_OK
+
+
+def text_with_pod_added(text: str, pod: dict[str, Any]) -> str | None:
+    """``text`` with ``pod`` appended to its top-level ``pods`` list, everything else kept.
+
+    The pod goes in as one flow-style item after the list's last item, at the items'
+    indentation (an empty ``pods`` becomes a block list of it; where there is no
+    ``pods`` key, one is added at the end). The result
+    is parsed again and must equal the old document with the pod appended; where it
+    does not, or the list is not a block list this can extend, the answer is None (the
+    caller writes the document out whole).
+    """
+    try:
+        before = yaml.safe_load(text) or {}
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    if not isinstance(before, dict):
+        return None
+    item = yaml.safe_dump(pod, default_flow_style=True, sort_keys=False, width=1 << 20).strip()
+    pods_value = _top_level_value(root, "pods")
+    if pods_value is None:
+        if "pods" in before:
+            return None
+        edited = text + ("" if text.endswith("\n") or not text else "\n") + f"pods:\n  - {item}\n"
+    elif (
+        isinstance(pods_value, yaml.SequenceNode) and pods_value.value and not pods_value.flow_style
+    ):
+        lines = text.splitlines(keepends=True)
+        last = _last_token_end(pods_value.value[-1])
+        # The new item starts on the line after the last item's last token (a comment
+        # after it on that line stays there; a block scalar ends at a line's start).
+        insert_at = last.line + 1 if last.column > 0 else last.line
+        dash = " " * pods_value.start_mark.column
+        if insert_at > len(lines):
+            return None
+        if insert_at == len(lines) and lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        lines.insert(insert_at, f"{dash}- {item}\n")
+        edited = "".join(lines)
+    elif (isinstance(pods_value, yaml.SequenceNode) and not pods_value.value) or (
+        isinstance(pods_value, yaml.ScalarNode) and pods_value.tag.endswith(":null")
+    ):
+        # ``pods: []`` or an empty ``pods:``: the value becomes a block list of one item.
+        start, end = pods_value.start_mark.index, pods_value.end_mark.index
+        edited = f"{text[:start].rstrip(' ')}\n  - {item}{text[end:]}"
+        if not edited.endswith("\n"):
+            edited += "\n"
+    else:
+        return None
+    expected = dict(before)
+    expected["pods"] = [*(before.get("pods") or []), pod]
+    try:
+        after = yaml.safe_load(edited)
+    except yaml.YAMLError:
+        return None
+    return edited if after == expected else None
+
+
+def _last_token_end(node: yaml.Node) -> yaml.Mark:
+    if isinstance(node, yaml.MappingNode) and node.value and not node.flow_style:
+        return _last_token_end(node.value[-1][1])
+    if isinstance(node, yaml.SequenceNode) and node.value and not node.flow_style:
+        return _last_token_end(node.value[-1])
+    return node.end_mark
+
+
+def _top_level_value(root: yaml.Node | None, key: str) -> yaml.Node | None:
+    if not isinstance(root, yaml.MappingNode):
+        return None
+    for key_node, value_node in root.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+            found: yaml.Node = value_node
+            return found
+    return None
 
 
 async def connect_log(running: RunningStack) -> ReadOnlyLog:
