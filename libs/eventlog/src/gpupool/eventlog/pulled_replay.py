@@ -15,7 +15,7 @@ creates a pull consumer without acks on the replay's filter starting at a sequen
 returns its name and its ``num_pending`` (the entries on the filter from that sequence
 at creation: the replay's length). An unauthenticated log creates one under a random
 name (:func:`open_ephemeral`); an authenticated one claims one of its user's replay
-slots (:func:`gpupool.eventlog.named_replay.claim_replay_slot`). The consumer is deleted
+slots (:func:`gpupool.eventlog.named_replay.open_replay_slot`). The consumer is deleted
 when the replay ends (an abandoned one expires after :data:`REPLAY_INACTIVE_SECONDS`).
 
 **Every entry once, in order.** Without acks, a consumer sends each entry of its filter
