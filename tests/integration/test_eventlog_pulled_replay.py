@@ -2,7 +2,8 @@
 
 ``JetStreamEventLog.replay`` reads a consumer without acks by raw pulls
 (gpupool.eventlog.pulled_replay). It proves contiguity by the consumer's delivery
-numbers: a delivery lost on the way, or the consumer deleted under the replay, makes it
+numbers: a delivery lost on the way, the consumer deleted under the replay, or a stall
+(less than a pull's worth arriving in time: what did arrive is handed out first) makes it
 open a new consumer after the last entry it handed out, and it still hands out every
 entry once; it ends at the entries pending when it started, leaving no consumer behind.
 """
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpupool.eventlog import JetStreamEventLog, jetstream, pulled_replay
-from gpupool.eventlog.log_client import inline_status
+from gpupool.eventlog.log_client import LogClient, inline_status
 from gpupool.eventlog.port import Entry
 from gpupool.events import Envelope, MessageRejected
 
@@ -123,5 +124,94 @@ async def test_a_replay_whose_consumer_is_deleted_under_it_reads_on_from_a_new_o
             if len(opened) == 1 and len(entries) == len(batch):  # after the first batch
                 await jetstream_log._js.delete_consumer(jetstream_log.stream, opened[0])
     assert [entry.seq for entry in entries] == seqs
+    assert len(opened) == 2
+    assert await consumers_left(jetstream_log) == []
+
+
+TRICKLE = 300
+"""Deliveries of each consumer that reach the replay before it stalls (less than a pull)."""
+STALL_S = 0.25
+
+
+def trickling(monkeypatch: pytest.MonkeyPatch, per_consumer: int) -> None:
+    """Each consumer's first ``per_consumer`` deliveries reach the replay; the rest are
+    still on their way when it stalls (a replay slower than a pull per stall)."""
+    sink = pulled_replay._Inbox.sink
+    arrived: dict[pulled_replay._Inbox, int] = {}
+
+    def trickling_sink(
+        inbox: pulled_replay._Inbox,
+        subject: bytes,
+        reply: bytes,
+        data: bytes,
+        headers: bytes | None,
+    ) -> None:
+        if inline_status(headers) is None:  # an entry, not a status
+            count = arrived.get(inbox, 0)
+            if count == per_consumer:
+                return
+            arrived[inbox] = count + 1
+        sink(inbox, subject, reply, data, headers)
+
+    monkeypatch.setattr(pulled_replay._Inbox, "sink", trickling_sink)
+
+
+async def stalling_replay(log: JetStreamEventLog, opened: list[str]) -> list[list[Entry]]:
+    """The whole log by raw pulls, a stall being ``STALL_S``; the consumers into ``opened``."""
+    nc = log._nc
+    assert isinstance(nc, LogClient)
+    inner = pulled_replay.open_ephemeral(nc, log.stream, f"{log.subject_prefix}.>")
+
+    async def open_consumer(start: int) -> tuple[str, int]:
+        name, pending = await inner(start)
+        opened.append(name)
+        return name, pending
+
+    async with asyncio.timeout(60):
+        return [
+            batch
+            async for batch in pulled_replay.pulled_batches(
+                nc, stream=log.stream, open_consumer=open_consumer, start=1, stall_s=STALL_S
+            )
+        ]
+
+
+async def test_a_replay_slower_than_a_pull_per_stall_hands_out_what_arrived_and_reads_on(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = await filled(jetstream_log)
+    trickling(monkeypatch, TRICKLE)
+    opened: list[str] = []
+    batches = await stalling_replay(jetstream_log, opened)
+    assert [entry.seq for batch in batches for entry in batch] == seqs  # once each, in order
+    assert all(0 < len(batch) <= TRICKLE for batch in batches)  # what arrived before a stall
+    assert len(opened) >= -(-ENTRIES // TRICKLE)  # each stall read on from a new consumer
+    assert await consumers_left(jetstream_log) == []
+
+
+async def test_a_consumer_that_delivers_nothing_is_given_up_for_a_new_one(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pull requests lost (a reconnect): nothing arrives, and a new consumer reads it all."""
+    seqs = await filled(jetstream_log)
+    sink = pulled_replay._Inbox.sink
+    silent: list[pulled_replay._Inbox] = []
+
+    def first_inbox_hears_nothing(
+        inbox: pulled_replay._Inbox,
+        subject: bytes,
+        reply: bytes,
+        data: bytes,
+        headers: bytes | None,
+    ) -> None:
+        if not silent:
+            silent.append(inbox)
+        if inbox is not silent[0]:
+            sink(inbox, subject, reply, data, headers)
+
+    monkeypatch.setattr(pulled_replay._Inbox, "sink", first_inbox_hears_nothing)
+    opened: list[str] = []
+    batches = await stalling_replay(jetstream_log, opened)
+    assert [entry.seq for batch in batches for entry in batch] == seqs
     assert len(opened) == 2
     assert await consumers_left(jetstream_log) == []
