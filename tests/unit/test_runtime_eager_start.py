@@ -105,23 +105,6 @@ async def test_cancelling_the_task_cancels_the_coroutine_where_it_waits() -> Non
     assert cleaned == ["finally"]
 
 
-async def test_cancelled_before_its_first_step_the_coroutine_still_runs_its_finally() -> None:
-    cleaned: list[str] = []
-
-    async def waits_forever() -> None:
-        try:
-            await asyncio.Event().wait()
-        finally:
-            cleaned.append("finally")
-
-    task = start_now(waits_forever())
-    task.cancel()  # before the loop ran the task at all
-
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert cleaned == ["finally"]
-
-
 async def test_cancelled_before_its_first_step_the_coroutine_gets_the_cancellation_where_it_waits() -> (
     None
 ):
