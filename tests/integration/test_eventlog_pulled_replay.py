@@ -2,7 +2,8 @@
 
 ``JetStreamEventLog.replay`` reads a consumer without acks by raw pulls
 (gpupool.eventlog.pulled_replay). It proves contiguity by the consumer's delivery
-numbers: a delivery lost on the way, or the consumer deleted under the replay, makes it
+numbers: a delivery lost on the way, the consumer deleted under the replay, or a stall
+(less than a pull's worth arriving in time: what did arrive is handed out first) makes it
 open a new consumer after the last entry it handed out, and it still hands out every
 entry once; it ends at the entries pending when it started, leaving no consumer behind.
 """
@@ -10,12 +11,13 @@ entry once; it ends at the entries pending when it started, leaving no consumer 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
 
 from gpupool.eventlog import JetStreamEventLog, jetstream, pulled_replay
-from gpupool.eventlog.log_client import inline_status
+from gpupool.eventlog.log_client import LogClient, inline_status
 from gpupool.eventlog.port import Entry
 from gpupool.events import Envelope, MessageRejected
 
@@ -37,32 +39,56 @@ async def filled(log: JetStreamEventLog) -> list[int]:
     return await log.append_many([rejected(i) for i in range(ENTRIES)])
 
 
+def counted(inner: pulled_replay.Opener, opened: list[str]) -> pulled_replay.Opener:
+    """``inner``, each consumer it opens named into ``opened``."""
+
+    async def open_consumer(start: int) -> tuple[str, int]:
+        name, pending = await inner(start)
+        opened.append(name)
+        return name, pending
+
+    return open_consumer
+
+
 def counting_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The consumers the log's replays open, by name, in order."""
     opened: list[str] = []
     make = pulled_replay.open_ephemeral
 
     def open_ephemeral(nc: object, stream: str, subject_filter: str) -> pulled_replay.Opener:
-        inner = make(nc, stream, subject_filter)
-
-        async def open_consumer(start: int) -> tuple[str, int]:
-            name, pending = await inner(start)
-            opened.append(name)
-            return name, pending
-
-        return open_consumer
+        return counted(make(nc, stream, subject_filter), opened)
 
     monkeypatch.setattr(jetstream, "open_ephemeral", open_ephemeral)
     return opened
+
+
+def delivering_only(
+    monkeypatch: pytest.MonkeyPatch, passes: Callable[[pulled_replay._Inbox, bytes | None], bool]
+) -> None:
+    """Of what the server sends a replay's inbox (a delivery, or a status in ``headers``),
+    only what ``passes`` lets through reaches it; the rest is gone, or still on its way."""
+    sink = pulled_replay._Inbox.sink
+
+    def passing_sink(
+        inbox: pulled_replay._Inbox,
+        subject: bytes,
+        reply: bytes,
+        data: bytes,
+        headers: bytes | None,
+    ) -> None:
+        if passes(inbox, headers):
+            sink(inbox, subject, reply, data, headers)
+
+    monkeypatch.setattr(pulled_replay._Inbox, "sink", passing_sink)
 
 
 async def consumers_left(log: JetStreamEventLog) -> list[str]:
     return [info.name for info in await log._js.consumers_info(log.stream)]
 
 
-async def replayed(log: JetStreamEventLog, **options: int) -> list[Entry]:
+async def replayed(log: JetStreamEventLog, *, from_seq: int = 1) -> list[Entry]:
     async with asyncio.timeout(60):
-        return [entry async for entry in log.replay(**options)]
+        return [entry async for entry in log.replay(from_seq=from_seq)]
 
 
 async def test_a_replay_of_several_pulls_hands_out_every_entry_once_and_leaves_no_consumer(
@@ -86,25 +112,17 @@ async def test_a_delivery_lost_on_the_way_is_read_again_from_a_new_consumer(
 ) -> None:
     seqs = await filled(jetstream_log)
     opened = counting_opens(monkeypatch)
-    sink = pulled_replay._Inbox.sink
     seen = 0
     lost = pulled_replay.REPLAY_BATCH + 7  # one delivery in the second pull
 
-    def losing_sink(
-        inbox: pulled_replay._Inbox,
-        subject: bytes,
-        reply: bytes,
-        data: bytes,
-        headers: bytes | None,
-    ) -> None:
+    def all_but_the_lost_one(inbox: pulled_replay._Inbox, headers: bytes | None) -> bool:
         nonlocal seen
         if inline_status(headers) is None:  # an entry, not a status
             seen += 1
-            if seen == lost:
-                return  # gone, as with a connection that dropped
-        sink(inbox, subject, reply, data, headers)
+            return seen != lost  # gone, as with a connection that dropped
+        return True
 
-    monkeypatch.setattr(pulled_replay._Inbox, "sink", losing_sink)
+    delivering_only(monkeypatch, all_but_the_lost_one)
     entries = await replayed(jetstream_log)
     assert [entry.seq for entry in entries] == seqs  # the lost one too, nothing twice
     assert len(opened) == 2  # the gap was seen: a second consumer read on after it
@@ -123,5 +141,73 @@ async def test_a_replay_whose_consumer_is_deleted_under_it_reads_on_from_a_new_o
             if len(opened) == 1 and len(entries) == len(batch):  # after the first batch
                 await jetstream_log._js.delete_consumer(jetstream_log.stream, opened[0])
     assert [entry.seq for entry in entries] == seqs
+    assert len(opened) == 2
+    assert await consumers_left(jetstream_log) == []
+
+
+TRICKLE = 300
+"""Deliveries of each consumer that reach the replay before it stalls (less than a pull)."""
+STALL_S = 0.25
+
+
+def trickling(monkeypatch: pytest.MonkeyPatch, per_consumer: int) -> None:
+    """Each consumer's first ``per_consumer`` deliveries reach the replay; the rest are
+    still on their way when it stalls (a replay slower than a pull per stall)."""
+    arrived: dict[pulled_replay._Inbox, int] = {}
+
+    def the_first_ones(inbox: pulled_replay._Inbox, headers: bytes | None) -> bool:
+        if inline_status(headers) is not None:  # a status, not an entry
+            return True
+        count = arrived[inbox] = arrived.get(inbox, 0) + 1
+        return count <= per_consumer
+
+    delivering_only(monkeypatch, the_first_ones)
+
+
+async def stalling_replay(log: JetStreamEventLog, opened: list[str]) -> list[list[Entry]]:
+    """The whole log by raw pulls, a stall being ``STALL_S``; the consumers into ``opened``."""
+    nc = log._nc
+    assert isinstance(nc, LogClient)
+    open_consumer = counted(
+        pulled_replay.open_ephemeral(nc, log.stream, f"{log.subject_prefix}.>"), opened
+    )
+    async with asyncio.timeout(60):
+        return [
+            batch
+            async for batch in pulled_replay.pulled_batches(
+                nc, stream=log.stream, open_consumer=open_consumer, start=1, stall_s=STALL_S
+            )
+        ]
+
+
+async def test_a_replay_slower_than_a_pull_per_stall_hands_out_what_arrived_and_reads_on(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = await filled(jetstream_log)
+    trickling(monkeypatch, TRICKLE)
+    opened: list[str] = []
+    batches = await stalling_replay(jetstream_log, opened)
+    assert [entry.seq for batch in batches for entry in batch] == seqs  # once each, in order
+    assert all(0 < len(batch) <= TRICKLE for batch in batches)  # what arrived before a stall
+    assert len(opened) >= -(-ENTRIES // TRICKLE)  # each stall read on from a new consumer
+    assert await consumers_left(jetstream_log) == []
+
+
+async def test_a_consumer_that_delivers_nothing_is_given_up_for_a_new_one(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pull requests lost (a reconnect): nothing arrives, and a new consumer reads it all."""
+    seqs = await filled(jetstream_log)
+    silent: list[pulled_replay._Inbox] = []
+
+    def not_to_the_first_inbox(inbox: pulled_replay._Inbox, headers: bytes | None) -> bool:
+        if not silent:
+            silent.append(inbox)
+        return inbox is not silent[0]
+
+    delivering_only(monkeypatch, not_to_the_first_inbox)
+    opened: list[str] = []
+    batches = await stalling_replay(jetstream_log, opened)
+    assert [entry.seq for batch in batches for entry in batch] == seqs
     assert len(opened) == 2
     assert await consumers_left(jetstream_log) == []

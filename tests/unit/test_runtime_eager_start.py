@@ -105,21 +105,59 @@ async def test_cancelling_the_task_cancels_the_coroutine_where_it_waits() -> Non
     assert cleaned == ["finally"]
 
 
-async def test_cancelled_before_its_first_step_the_coroutine_is_still_closed() -> None:
-    cleaned: list[str] = []
+async def test_cancelled_before_its_first_step_the_coroutine_gets_the_cancellation_where_it_waits() -> (
+    None
+):
+    """As for any task waiting there: its ``except CancelledError`` runs and may await, and
+    the future it waited for is cancelled (not the coroutine closed under it)."""
+    seen: list[str] = []
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def waits_forever() -> None:
+    async def waits_for_the_gate() -> None:
         try:
-            await asyncio.Event().wait()
+            await gate
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            await asyncio.sleep(0)  # a closed coroutine could not await here
+            seen.append("cleaned up")
+            raise
         finally:
-            cleaned.append("finally")
+            seen.append("finally")
 
-    task = start_now(waits_forever())
+    task = start_now(waits_for_the_gate())
     task.cancel()  # before the loop ran the task at all
 
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert cleaned == ["finally"]
+    assert seen == ["cancelled", "cleaned up", "finally"]
+    assert task.cancelled()
+    assert gate.cancelled()
+
+
+async def test_cancelled_before_its_first_step_a_coroutine_that_handles_it_returns_its_value() -> (
+    None
+):
+    async def stops_cleanly() -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "stopped"
+        return "not reached"
+
+    task = start_now(stops_cleanly())
+    task.cancel()
+
+    assert await task == "stopped"
+
+
+async def test_a_coroutine_that_ended_in_its_first_part_keeps_its_result_when_cancelled() -> None:
+    async def quick() -> int:
+        return 7
+
+    task = start_now(quick())
+    task.cancel()  # it had already finished: its result stands
+
+    assert await task == 7
 
 
 async def test_the_first_part_runs_as_the_new_task_not_as_the_caller() -> None:

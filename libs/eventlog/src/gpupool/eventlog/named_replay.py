@@ -28,21 +28,23 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js import api
 
-from gpupool.eventlog.pulled_replay import Opener, pending_of
+from gpupool.eventlog.pulled_replay import (
+    REPLAY_INACTIVE_SECONDS,
+    REQUEST_TIMEOUT_S,
+    Opener,
+    api_request,
+    pending_of,
+    replay_consumer_config,
+)
 
 logger = logging.getLogger(__name__)
 
 REPLAY_SLOTS = 16
 """Reads at once per user (a service's rebuild and catch-ups, readers of the console)."""
 
-REPLAY_INACTIVE_SECONDS = 30.0
-"""A replay slot nobody pulls from for this long is removed by the server."""
-
 REPLAY_BATCH = 1024
 PULL_EXPIRES_S = 5.0
-REQUEST_TIMEOUT_S = 5.0
 CLAIM_RETRY_S = 1.0
 CONSUMER_EXISTS = 10148
 
@@ -50,14 +52,6 @@ CONSUMER_EXISTS = 10148
 def replay_names(base: str, *, slots: int = REPLAY_SLOTS) -> tuple[str, ...]:
     """The replay consumers a user may create, pull from and delete."""
     return tuple(f"{base}-replay-{slot}" for slot in range(slots))
-
-
-async def _request(nc: Any, subject: str, body: dict[str, Any]) -> dict[str, Any]:
-    reply = await nc.request(subject, json.dumps(body).encode(), timeout=REQUEST_TIMEOUT_S)
-    answer: dict[str, Any] = json.loads(reply.data) if reply.data else {}
-    if "error" in answer:
-        nats.js.errors.APIError.from_error(answer["error"])  # raises
-    return answer
 
 
 def open_replay_slot(nc: Any, stream: str, base: str, subject_filter: str) -> Opener:
@@ -75,28 +69,14 @@ async def _claim(
     nc: Any, stream: str, base: str, subject_filter: str, start: int
 ) -> tuple[str, dict[str, Any]]:
     """A free replay slot, created from ``start``: (its name, the create's answer)."""
-    config = api.ConsumerConfig(
-        description="gpupool replay",
-        filter_subject=subject_filter,
-        deliver_policy=api.DeliverPolicy.ALL if start <= 1 else api.DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=None if start <= 1 else start,
-        ack_policy=api.AckPolicy.NONE,
-        replay_policy=api.ReplayPolicy.INSTANT,
-        inactive_threshold=REPLAY_INACTIVE_SECONDS,
-        num_replicas=1,
-        mem_storage=True,
-    )
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + REPLAY_INACTIVE_SECONDS + 30
     while True:
         for name in replay_names(base):
-            body = {
-                "stream_name": stream,
-                "action": "create",
-                "config": {**config.as_dict(), "name": name},
-            }
+            config = replay_consumer_config(name, subject_filter, start)
+            body = {"stream_name": stream, "action": "create", "config": config.as_dict()}
             try:
-                answer = await _request(
+                answer = await api_request(
                     nc, f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{subject_filter}", body
                 )
             except nats.js.errors.APIError as error:

@@ -15,7 +15,7 @@ creates a pull consumer without acks on the replay's filter starting at a sequen
 returns its name and its ``num_pending`` (the entries on the filter from that sequence
 at creation: the replay's length). An unauthenticated log creates one under a random
 name (:func:`open_ephemeral`); an authenticated one claims one of its user's replay
-slots (:func:`gpupool.eventlog.named_replay.claim_replay_slot`). The consumer is deleted
+slots (:func:`gpupool.eventlog.named_replay.open_replay_slot`). The consumer is deleted
 when the replay ends (an abandoned one expires after :data:`REPLAY_INACTIVE_SECONDS`).
 
 **Every entry once, in order.** Without acks, a consumer sends each entry of its filter
@@ -24,9 +24,12 @@ reply subject). So a run of deliveries whose consumer sequences follow each othe
 1 holds every entry of the filter from the start sequence on, none twice. A delivery
 whose number does not follow (deliveries lost with a connection, a server restart) or
 any pull status but a heartbeat (a request that expired, a consumer deleted under it,
-a leader change), or no delivery for :data:`STALL_S`: the consumer is given up and a new
-one opened at the sequence after the last entry handed out (the ordered consumer's
-reset), with its own inbox, so nothing of the old one is taken for the new one.
+a leader change), or less than a pull's worth delivered within :data:`STALL_S` (pull
+requests lost in a reconnect, or a replay slower than a pull per stall): the consumer is
+given up and a new one opened at the sequence after the last entry handed out (the
+ordered consumer's reset), with its own inbox, so nothing of the old one is taken for the
+new one. What did arrive in order before that is handed out first, so a slow replay
+still makes progress, a stall's worth at a time.
 
 **The end.** The replay hands out as many entries as the first consumer had pending
 at creation: every entry present when it began (a reset counts on from there, and ends
@@ -58,7 +61,8 @@ PULLS_IN_FLIGHT = 2
 PULL_EXPIRES_S = 5.0
 REQUEST_TIMEOUT_S = 5.0
 STALL_S = PULL_EXPIRES_S + REQUEST_TIMEOUT_S
-"""No delivery and no status for this long: the pull requests were lost (a reconnect)."""
+"""Less than a pull's worth and no status for this long: the pull requests were lost (a
+reconnect), or the replay is slow; what arrived is handed out, then a new consumer opened."""
 REPLAY_INACTIVE_SECONDS = 30.0
 """A replay consumer nobody pulls from for this long is removed by the server."""
 MAX_RESETS = 100
@@ -163,10 +167,11 @@ async def pulled_batches(
     open_consumer: Opener,
     start: int,
     replay: PulledReplay | None = None,
+    stall_s: float = STALL_S,
 ) -> AsyncIterator[list[Entry]]:
     """The entries of the opener's filter from ``start`` to the end at the call, in batches
-    (what has arrived, at least a pull's worth but at the end, decoded; a decision entry's
-    envelopes all in one batch)."""
+    (what has arrived, at least a pull's worth but at the end or after a stall of
+    ``stall_s``, decoded; a decision entry's envelopes all in one batch)."""
     replay = replay or PulledReplay()
     last = max(start, 1) - 1
     name, remaining = await open_consumer(last + 1)
@@ -175,7 +180,7 @@ async def pulled_batches(
     consumer: _Consumer | None = None
     try:
         while remaining > 0:
-            consumer = _Consumer(nc, stream, name, remaining, replay, subjects)
+            consumer = _Consumer(nc, stream, name, remaining, replay, subjects, stall_s)
             await consumer.start()
             try:
                 while remaining > 0:
@@ -214,8 +219,10 @@ class _Consumer:
         target: int,
         replay: PulledReplay,
         subjects: dict[bytes, str],
+        stall_s: float,
     ) -> None:
         self._nc = nc
+        self._stall_s = stall_s
         self._stream = stream
         self._replay = replay
         self._subjects = subjects
@@ -265,14 +272,18 @@ class _Consumer:
         inbox = self._inbox
         left = self._target - self._handed
         inbox.want = min(REPLAY_BATCH, left)
+        stalled: str | None = None
         if len(inbox.messages) < inbox.want and inbox.status is None:
             inbox.wake.clear()
             try:
-                async with asyncio.timeout(STALL_S):
+                async with asyncio.timeout(self._stall_s):
                     await inbox.wake.wait()
             except TimeoutError:
                 if not self._replay.closed:
-                    raise _Reset(f"nothing delivered for {STALL_S:.0f} s") from None
+                    # what did arrive is handed out below, then the consumer is given up
+                    stalled = (
+                        f"{len(inbox.messages)} of {inbox.want} delivered in {self._stall_s:g} s"
+                    )
         if self._replay.closed:
             raise EventLogClosed(f"event log {self._stream} closed during a replay")
         messages, inbox.messages = inbox.messages, []
@@ -304,6 +315,8 @@ class _Consumer:
         status = inbox.status
         if gap is None and status is not None and self._handed < self._target:
             gap = f"pull status {status[9:12].decode()} {status_description(status)}".strip()
+        if gap is None and stalled is not None and self._handed < self._target:
+            gap = stalled
         if gap is not None:
             if not batch:
                 raise _Reset(gap)

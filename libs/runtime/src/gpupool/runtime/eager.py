@@ -10,8 +10,12 @@ step, and waits for the PubAck as a task.
 Python 3.12 has this built in (``asyncio.Task(..., eager_start=True)``). On 3.11 the task
 is made first and entered as the running task (``asyncio.current_task()`` is the new task,
 so ``asyncio.timeout`` and cancellation inside the first part belong to it); the
-coroutine is driven by hand up to its first suspension; the task's own first step then
-drives the rest.
+coroutine is driven by hand up to its first suspension; the task drives it on from
+there (:class:`_TakenUp`): its first step hands the task what the first part waits for,
+or, when the task was cancelled before that step, throws the CancelledError into the
+coroutine where it waits (cancelling the future it waits for), as for any task waiting
+there. A coroutine that ended within its first part keeps its outcome, as with 3.12's
+eager start (there the task is done at once and a cancel does nothing).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import sys
-import types
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -31,68 +34,78 @@ def start_now(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> async
     loop = asyncio.get_running_loop()
     if sys.version_info >= (3, 12):
         return asyncio.Task(coro, loop=loop, name=name, eager_start=True)
-    first = _FirstPart(coro)
+    taken_up = _TakenUp(coro)
     # the task's own copy of the context, as create_task makes one: the first part runs in
     # it too, so a context variable it sets is the task's, never the caller's
     context = contextvars.copy_context()
-    task = loop.create_task(first.rest(), name=name, context=context)
+    task = loop.create_task(taken_up, name=name, context=context)
     caller = asyncio.current_task(loop)
     if caller is not None:
         asyncio.tasks._leave_task(loop, caller)
     asyncio.tasks._enter_task(loop, task)
     try:
-        context.run(first.run)
+        context.run(taken_up.run_first_part)
     finally:
         asyncio.tasks._leave_task(loop, task)
         if caller is not None:
             asyncio.tasks._enter_task(loop, caller)
-    # cancelled before its first step the task never runs ``rest``: the coroutine is closed
-    # then (its ``finally`` blocks run, but not an ``except CancelledError``, and an await
-    # there cannot be run: 3.12's eager start throws the cancellation in instead); once it
-    # finished, closing does nothing
-    task.add_done_callback(lambda _: coro.close())
     return task
 
 
-class _FirstPart:
-    """A coroutine run by hand up to its first suspension, and what that gave."""
+class _TakenUp(Coroutine[Any, Any, T]):
+    """A coroutine run by hand up to its first suspension, then by its task from there, as
+    if the task had run it all along."""
 
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self.coro = coro
-        self.yielded: Any = None
-        self.outcome: tuple[bool, Any] | None = None
+    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
+        self._coro = coro
+        self._first_step = True
+        """The task has not stepped yet: the first part's suspension is still to hand on."""
+        self._yielded: Any = None
+        self._outcome: tuple[bool, Any] | None = None
         """(finished, its value) or (raised, the error): it ended within the first part."""
 
-    def run(self) -> None:
+    def run_first_part(self) -> None:
         try:
-            self.yielded = self.coro.send(None)
+            self._yielded = self._coro.send(None)
         except StopIteration as stop:
-            self.outcome = (True, stop.value)
+            self._outcome = (True, stop.value)
         except BaseException as error:  # the task's outcome, whatever it is
-            self.outcome = (False, error)
+            self._outcome = (False, error)
 
-    async def rest(self) -> Any:
-        if self.outcome is not None:
-            finished, value = self.outcome
-            if finished:
-                return value
-            raise value
-        return await _drive(self.coro, self.yielded)
+    def _ended(self) -> Any:
+        """The first part's outcome, as the task's first step."""
+        assert self._outcome is not None
+        finished, value = self._outcome
+        self._outcome = None  # no reference cycle through the error's traceback
+        if finished:
+            raise StopIteration(value)
+        raise value
 
+    def send(self, value: Any) -> Any:
+        if self._first_step:  # the task's first step: what the first part waits for
+            self._first_step = False
+            if self._outcome is not None:
+                return self._ended()
+            yielded, self._yielded = self._yielded, None
+            return yielded
+        return self._coro.send(value)
 
-@types.coroutine
-def _drive(coro: Coroutine[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
-    """What ``await coro`` would do from the suspension ``yielded`` on."""
-    while True:
-        try:
-            sent = yield yielded
-        except BaseException as error:  # thrown into the coroutine
-            try:
-                yielded = coro.throw(error)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-        else:
-            try:
-                yielded = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if self._first_step:  # cancelled before the task's first step
+            self._first_step = False
+            if self._outcome is not None:
+                return self._ended()
+            waited, self._yielded = self._yielded, None
+            if isinstance(typ, asyncio.CancelledError) and asyncio.isfuture(waited):
+                # a task cancelled while it waits for a future cancels that future
+                waited._asyncio_future_blocking = False
+                waited.cancel()
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # pragma: no cover - asyncio throws instances
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, T]:  # pragma: no cover - only a task drives it
+        raise TypeError("a coroutine taken up by its task is awaited through the task")
