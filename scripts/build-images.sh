@@ -48,8 +48,8 @@ docker build --quiet --network none --build-arg "VERSION=$version" \
 nats_bin="${UV_PROJECT_ENVIRONMENT:-.venv}/bin/nats-server"
 nats_version=$("$nats_bin" --version | sed -n 's/^nats-server: v//p')
 case "$nats_version" in
-  2.1[2-9]* | 2.[2-9][0-9]* | [3-9]*) ;;
-  *) echo "build-images: nats-server $nats_version is older than 2.12 (atomic batches)" >&2; exit 1 ;;
+  2.1[1-9]* | 2.[2-9][0-9]* | [3-9]*) ;;
+  *) echo "build-images: nats-server $nats_version is older than 2.11 (the wildcard expected-subject header)" >&2; exit 1 ;;
 esac
 mkdir -p .build/nats/data
 cp "$nats_bin" .build/nats/nats-server

@@ -5,7 +5,7 @@ stream is bounded in total size (``max_bytes``) and in entry size (``max_msg_siz
 the largest entry the decoder reads) with ``discard: new``: when the stream is full,
 an append is *refused* (JetStream error 10077, "maximum bytes exceeded") and the
 service reports it, instead of JetStream deleting the oldest entries a rebuild needs.
-Space is made by archiving (``gpupool log export``) and by an operator's purge after
+Space is made by archiving (``gpupool log archive``) and by an operator's purge after
 an archive; see docs/eventlog.md.
 
 ``GPUPOOL_STREAM_MAX_BYTES`` sets the total size (bytes, or with a ``KiB``/``MiB``/

@@ -14,16 +14,15 @@ memory 1800Gi, ephemeral-storage 6Ti and ``reservedEphemeralStorage: 1.5Ti``::
 Disabled (``none``): the share resources are removed, the reserved CPU and memory
 return to allocatable, and the conditions read ``GPUSharePolicyValid True Valid
 "gpu share policy config is valid."`` and ``GPUSharePolicy False none "gpu share
-policy is none."``. The source's disabled sample keeps ``ephemeral-storage:
-4608Gi`` allocatable: the storage reservation follows the QoS annotation, not the
+policy is none."``. Disabled, the node keeps ``ephemeral-storage: 4608Gi``
+allocatable (the sample node's): the storage reservation follows the QoS annotation, not the
 label (``NodeStatusSettings.storage_reserved_while_disabled``, default True).
 
 A refused configuration (bad label, bad annotation, exclusive-GPU pods present,
 GPU-sharing pods still there) changes nothing in force: only
 ``GPUSharePolicyValid`` becomes False with the core's reason and message.
 
-The source's enabled sample spells the reason ``Valied``; that is a typo (its
-disabled sample and docs/behaviour.md say ``Valid``) and gpupool writes ``Valid``.
+The reason of a valid configuration is ``Valid``, enabled or disabled.
 """
 
 from __future__ import annotations
