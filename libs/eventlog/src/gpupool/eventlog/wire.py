@@ -157,7 +157,10 @@ class PubAckMux:
     ) -> asyncio.Future[bytes]:
         """Send one publish; the future gets the PubAck's bytes (or the error).
 
-        ``now``: written in this step where it can be (:func:`send_frame`)."""
+        ``now``: a lone publish, written in this step where it can be (:func:`send_frame`);
+        one sent while others of this connection await their PubAcks (a burst's
+        decisions, a pipelined window) is left to the flusher, which writes a turn's
+        publishes together."""
         if self._closed:
             raise nats.errors.ConnectionClosedError
         if not self._prefix:
@@ -177,9 +180,10 @@ class PubAckMux:
             headers,
             payload,
         )
+        alone = now and not self._waiting
         self._waiting[token] = (loop.time() + self.timeout, future)  # before any answer can come
         try:
-            await send_frame(self._nc, frame, len(payload), now=now)
+            await send_frame(self._nc, frame, len(payload), now=alone)
         except BaseException:
             self._waiting.pop(token, None)
             raise
