@@ -7,10 +7,18 @@ stored -> Assigned stored: the server's own store time of each entry (JetStream'
 message timestamp); the log's envelope times (each decider's clock when it decided) split
 it: PodReady stored -> the admission-queue deciding -> its Assigned stored. The
 baseline, measured in the same run on the same server: one JetStream publish -> the same
-message arriving at an ordered consumer. Beside it, where the machine's CPU went during
-the run: each service's CPU seconds, the nats-server's, the whole machine's, and the
-kernel's CPU pressure (the share of the run during which some runnable task waited for a
-core). Prints tables; asserts nothing.
+message arriving at an ordered consumer, 1,000 back to back before the workloads start
+(the machine as idle as it gets). Beside it, the same round trip *during* the run: a
+process of its own (as each service is) times one round trip every
+:data:`DURING_EVERY_S`, so the baseline meets the same load as the placements; both
+ratios are printed. Then where the machine's CPU went during the run: each service's
+CPU seconds, the nats-server's, the whole machine's, the kernel's CPU pressure (the
+share of the run during which some runnable task waited for a core), and each
+process's time spent runnable but waiting for a core (``/proc/<pid>/task/*/schedstat``:
+the scheduler's run-queue wait, every thread), in all and per time slice it got; and
+what each process spends idle (its CPU over :data:`IDLE_S` after the run), so the rest
+can be put per log entry.
+Prints tables; asserts nothing.
 
     python bench/bench_services.py [--pods 200] [--gpus 8]
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -80,6 +89,79 @@ async def raw_round_trip(url: str, count: int) -> list[float]:
     return samples
 
 
+SETTLE_S = 0.5
+IDLE_S = 2.0
+"""After the run (and SETTLE_S): each process's CPU with nothing to do (its threads' time on a core,
+nanoseconds, not the 10 ms ticks of ``/proc/<pid>/stat``), measured for this long."""
+
+DURING_EVERY_S = 0.02
+"""The pause between two round trips of the in-run baseline (about 1 % of a core)."""
+
+DURING = r"""
+import asyncio, json, sys, time
+import nats
+
+async def main(url):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(name="BENCH_RTT_RUN", subjects=["bench.rtt.run"])
+    arrived = asyncio.Queue()
+
+    async def on_msg(msg):
+        arrived.put_nowait(time.perf_counter())
+
+    await js.subscribe("bench.rtt.run", cb=on_msg, ordered_consumer=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(sys.stdin.fileno(), stop.set)
+    print("ready", flush=True)
+    samples = []
+    while not stop.is_set():
+        sent = time.perf_counter()
+        await js.publish("bench.rtt.run", b"x")
+        samples.append(await arrived.get() - sent)
+        try:
+            async with asyncio.timeout(float(sys.argv[2])):
+                await stop.wait()
+        except TimeoutError:
+            pass
+    print(json.dumps(samples), flush=True)
+    await nc.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+"""The in-run baseline's process: raw round trips, paced, until a line on its stdin."""
+
+
+class DuringRun:
+    """The raw round trip timed in a process of its own while the workloads run."""
+
+    def __init__(self) -> None:
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self, url: str) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            DURING,
+            url,
+            str(DURING_EVERY_S),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert self.process.stdout is not None
+        await self.process.stdout.readline()  # subscribed
+
+    async def stop(self) -> list[float]:
+        assert self.process is not None
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(b"stop\n")
+        await self.process.stdin.drain()
+        samples: list[float] = json.loads(await self.process.stdout.readline())
+        await self.process.wait()
+        return samples
+
+
 async def stored_times(url: str, stream: str, prefix: str) -> dict[int, float]:
     """Every entry's store time (JetStream's message timestamp, wall clock), by sequence."""
     nc = await nats.connect(url)
@@ -110,6 +192,22 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     hz = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / hz, (int(fields[13]) + int(fields[14])) / hz
+
+
+def run_queue_wait(pid: int) -> tuple[float, float, int]:
+    """(on a core, runnable but waiting for one) seconds and time slices so far, summed over
+    the process's threads (``/proc/<pid>/task/*/schedstat``); exited threads are not counted."""
+    on_cpu = waited = 0.0
+    slices = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            run_ns, wait_ns, count = stat.read_text().split()
+        except (OSError, ValueError):
+            continue
+        on_cpu += int(run_ns) / 1e9
+        waited += int(wait_ns) / 1e9
+        slices += int(count)
+    return on_cpu, waited, slices
 
 
 def machine_busy() -> tuple[float, float]:
@@ -192,12 +290,30 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
             if server_pid is not None:
                 pids["nats-server"] = server_pid
             pids["bench (the 16 clients)"] = os.getpid()
+            during = DuringRun()
+            await during.start(stack.nats_url)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            waits_before = {name: run_queue_wait(pid) for name, pid in pids.items()}
             busy_before, pressure_before = machine_busy(), cpu_pressure()
             started = time.perf_counter()
             await run_pods(stack.socket_path, pods, concurrency)
             elapsed = time.perf_counter() - started
             busy_after, pressure_after = machine_busy(), cpu_pressure()
+            waits = {
+                name: tuple(
+                    after - before
+                    for after, before in zip(run_queue_wait(pid), waits_before[name], strict=True)
+                )
+                for name, pid in pids.items()
+            }
+            during_run = await during.stop()
+            await asyncio.sleep(SETTLE_S)  # the last releases folded everywhere
+            idle_before = {name: run_queue_wait(pid)[0] for name, pid in pids.items()}
+            await asyncio.sleep(IDLE_S)  # what each process costs with nothing to do
+            idle = {
+                name: (run_queue_wait(pid)[0] - idle_before[name]) / IDLE_S
+                for name, pid in pids.items()
+            }
             cpu = {
                 name: tuple(
                     after - before
@@ -239,6 +355,7 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
     print(f"{'measure':<44}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
     rows = [
         ("raw JetStream publish -> ordered consumer", baseline),
+        ("  the same during the run (its own process)", during_run),
         ("PodReady stored -> Assigned stored", latencies),
         ("  PodReady stored -> admission-queue decides", to_decision),
         ("  admission-queue decides -> Assigned stored", to_store),
@@ -255,13 +372,21 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
         f"\nratio PodReady stored -> Assigned stored / raw round trip: p50 {ratio:.1f}x, "
         f"p99 {ratio99:.1f}x"
     )
+    print(
+        "ratio against the round trip during the run: p50 "
+        f"{percentile(latencies, 0.5) / percentile(during_run, 0.5):.1f}x, p99 "
+        f"{percentile(latencies, 0.99) / percentile(during_run, 0.99):.1f}x "
+        f"({len(during_run)} round trips)"
+    )
     busy = busy_after[0] - busy_before[0]
     capacity = busy_after[1] - busy_before[1]
     pressure = pressure_after - pressure_before
     print(f"\nCPU during the run ({elapsed:.2f} s wall, {os.cpu_count()} CPUs):")
     for name, (own, children) in sorted(cpu.items(), key=lambda item: -sum(item[1])):
+        per_event = (own - idle[name] * elapsed) / len(entries) * 1e6 if entries else 0.0
         print(
-            f"  {name:<36}{own:>7.2f} cpu s ({own / elapsed:.0%} of a core)"
+            f"  {name:<36}{own:>7.2f} cpu s ({own / elapsed:.0%} of a core; idle "
+            f"{idle[name] * elapsed:.2f} of it, the rest {per_event:.0f} us per log entry)"
             + (f"; its child processes {children:.2f} cpu s" if children else "")
         )
     print(
@@ -271,6 +396,13 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
     print(
         f"  CPU pressure: some runnable task waited for a core {pressure / elapsed:.0%} of the run"
     )
+    print("\nWaiting for a core (runnable, not running; the process's threads, not its children):")
+    for name, (on_cpu, waited, slices) in sorted(waits.items(), key=lambda item: -item[1][1]):
+        per_slice = waited / slices * ms if slices else float("nan")
+        print(
+            f"  {name:<36}{waited:>7.2f} s waited ({waited / elapsed:.0%} of the run), "
+            f"{on_cpu:.2f} s on a core, {int(slices)} slices: {per_slice:.2f} ms waited per slice"
+        )
     kinds = Counter(
         type(entry.envelope.event).__name__ for entry in entries if isinstance(entry, StoredEvent)
     )

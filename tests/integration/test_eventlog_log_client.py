@@ -1,7 +1,8 @@
 """The log's NATS client against a real nats-server: raw subscriptions get every message's
 undecoded parts in order, status messages are told apart, plain subscriptions and
-JetStream requests on the same connection are nats-py's own, and an unsubscribed raw
-subscription gets nothing more."""
+JetStream requests on the same connection are nats-py's own, an unsubscribed raw
+subscription gets nothing more, and a frame sent ``now`` is written in the sender's step
+(with the frames queued before it; the rest of that turn's frames go to the flusher)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import pytest
 
 from gpupool.eventlog.log_client import LogClient, header_value, inline_status, status_description
+from gpupool.eventlog.wire import send_frame
 
 pytestmark = pytest.mark.integration
 
@@ -136,3 +138,61 @@ async def test_an_unsubscribed_raw_subscription_gets_nothing_more(nats_url: str)
     finally:
         await client.close()
     assert got == [b"before"]
+
+
+async def test_a_frame_sent_now_is_written_before_the_flusher_runs(nats_url: str) -> None:
+    client = await connected(nats_url)
+    got: list[bytes] = []
+    arrived = asyncio.Event()
+
+    def sink(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        got.append(data)
+        arrived.set()
+
+    try:
+        await client.raw_subscribe("now.a", sink)
+        await send_frame(client, b"PUB now.a 1\r\nA\r\n", 1, now=True)
+        # nothing suspended since: the flusher has not had a turn, the socket has the frame
+        left = list(client._pending)
+        async with asyncio.timeout(WAIT_S):
+            await arrived.wait()
+    finally:
+        await client.close()
+    assert left == []
+    assert got == [b"A"]
+
+
+async def test_frames_queued_before_go_with_the_frame_sent_now_and_later_ones_to_the_flusher(
+    nats_url: str,
+) -> None:
+    client = await connected(nats_url)
+    got: list[bytes] = []
+    all_in = asyncio.Event()
+
+    def sink(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        got.append(data)
+        if len(got) == 5:
+            all_in.set()
+
+    def frame(data: bytes) -> bytes:
+        return b"PUB now.b %d\r\n%b\r\n" % (len(data), data)
+
+    try:
+        await client.raw_subscribe("now.b", sink)
+        await send_frame(client, frame(b"1"), 1)  # queued for the flusher
+        await send_frame(client, frame(b"2"), 1, now=True)  # written, with 1 before it
+        after_first = list(client._pending)
+        await send_frame(client, frame(b"3"), 1, now=True)  # same turn: the flusher's
+        await send_frame(client, frame(b"4"), 1)
+        same_turn = list(client._pending)
+        await client.flush()  # a PING answered: the flusher has written, turns have passed
+        await send_frame(client, frame(b"5"), 1, now=True)  # a later turn: written again
+        later_turn = list(client._pending)
+        async with asyncio.timeout(WAIT_S):
+            await all_in.wait()
+    finally:
+        await client.close()
+    assert after_first == []
+    assert same_turn == [frame(b"3"), frame(b"4")]
+    assert later_turn == []
+    assert got == [b"1", b"2", b"3", b"4", b"5"]

@@ -1,7 +1,8 @@
 """The log's writes on the wire against a real nats-server: PubAcks muxed on one raw inbox
 (each answer reaches its own publish, in whatever order they come; a publish nobody answers
-fails with nats-py's TimeoutError, through the log's retries too; no responders is
-NoStreamResponseError; the inbox works again after a reconnect); deliveries acked and
+fails with nats-py's TimeoutError, through the log's retries too; a lone publish is
+written at once, one behind another awaiting its PubAck is left to the flusher; no
+responders is NoStreamResponseError; the inbox works again after a reconnect); deliveries acked and
 naked out of order each get their own fate; the raw pull loop issues an expired pull again
 and ends when its durable is deleted."""
 
@@ -103,6 +104,31 @@ async def test_a_publish_nobody_answers_times_out_with_nats_timeout_error(nats_u
     finally:
         mux.close()
         await client.close()
+
+
+async def test_a_lone_publish_is_written_at_once_and_one_behind_an_unanswered_publish_is_not(
+    nats_url: str,
+) -> None:
+    client = await connected(nats_url)
+    mux = PubAckMux(client, timeout=WAIT_S)
+    try:
+        await client.subscribe("wire.lone", cb=ignore)  # on this connection: see above
+        await client.flush()
+        first = await mux.submit(b"wire.lone", b"1", header_block([]), now=True)
+        lone_left = list(client._pending)  # nothing suspended since: the flusher has not run
+        await client.flush()  # a later turn: only the unanswered first publish rules now
+        second = await mux.submit(b"wire.lone", b"2", header_block([]), now=True)
+        behind_left = len(client._pending)
+        await client.flush()
+        in_flight = mux.in_flight  # both reached the server: neither is answered
+    finally:
+        mux.close()  # fails both with ConnectionClosedError
+        await client.close()
+    for future in (first, second):
+        assert isinstance(future.exception(), nats.errors.ConnectionClosedError)
+    assert lone_left == []
+    assert behind_left == 1  # the flusher writes it, with whatever else its turn brings
+    assert in_flight == 2
 
 
 async def test_a_publish_to_a_subject_without_a_stream_is_no_stream_response(

@@ -467,8 +467,11 @@ class JetStreamEventLog:
         wire_subject = subject.encode()
         while True:
             try:
-                # PubAckMux.publish spelt out: two coroutine frames fewer on every append
-                return read_puback(await (await self._mux.submit(wire_subject, data, headers)))
+                # PubAckMux.publish spelt out: two coroutine frames fewer on every append;
+                # a lone append waits for its PubAck: written now, not on the flusher's turn
+                return read_puback(
+                    await (await self._mux.submit(wire_subject, data, headers, now=True))
+                )
             except _RETRYABLE as exc:
                 if self._closed or self._nc.is_closed or loop.time() + delay > give_up_at:
                     raise

@@ -25,15 +25,25 @@ buffer, in the connection's order.
 The sink runs inside the client's reader loop: it must not block and must not raise
 (an exception would end the reader loop); it should append to a buffer and wake a
 waiter. :func:`inline_status` reads a status message's code from the header block.
+
+Writes: nats-py queues every frame and wakes its flusher task, which writes whatever is
+queued when its turn of the event loop comes, behind every callback already waiting
+(another connection's flusher, other tasks). :meth:`LogClient.write_now` writes the queued
+frames at once instead, in the caller's step, when that costs nothing the flusher would
+save: connected over TCP (or TLS), nothing waiting in the socket's own buffer (no
+backpressure to wait for), and no frame written that way yet in this turn of the loop (a
+burst's frames are still coalesced by the flusher into one write).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from nats.aio.transport import TcpTransport
 from nats.errors import ProtocolError
 from nats.protocol.parser import AWAITING_CONTROL_LINE, MAX_CONTROL_LINE_SIZE, Parser
 
@@ -173,6 +183,37 @@ class LogClient(Client):
         super().__init__()
         self._raw_sinks: dict[int, RawSink] = {}
         self._ps = _FrameParser(self)
+        self._wrote_now = False
+        """A :meth:`write_now` wrote in this turn of the event loop (reset on the next turn)."""
+
+    def write_now(self) -> bool:
+        """Write the queued frames to the socket now, in order; False where the flusher must.
+
+        The flusher writes them where this does not: not connected (reconnecting frames
+        wait in the queue), not a TCP transport (a websocket's writes are its own tasks),
+        the socket's buffer not empty (the flusher waits for it to drain), or a frame
+        already written this way in this turn of the loop (the rest of the turn's frames
+        go in the flusher's one write). The flusher, if woken, then finds nothing queued.
+        """
+        if self._wrote_now or not self._pending or not self.is_connected:
+            return False
+        transport = self._transport
+        if type(transport) is not TcpTransport or self._flusher_task is None:
+            return False
+        if self._flusher_task.done():
+            return False
+        writer = transport._io_writer
+        if writer is None or writer.transport.get_write_buffer_size():
+            return False
+        self._wrote_now = True
+        asyncio.get_running_loop().call_soon(self._next_turn)
+        transport.writelines(self._pending)  # type: ignore[no-untyped-call]  # nats-py: untyped
+        self._pending = []
+        self._pending_data_size = 0
+        return True
+
+    def _next_turn(self) -> None:
+        self._wrote_now = False
 
     async def raw_subscribe(self, subject: str, sink: RawSink) -> Subscription:
         """Subscribe ``subject`` with ``sink`` called for each message (see the module).

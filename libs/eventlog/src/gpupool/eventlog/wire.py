@@ -63,11 +63,15 @@ def check_subject(subject: bytes) -> None:
         raise nats.errors.BadSubjectError
 
 
-async def send_frame(nc: LogClient, frame: bytes, payload_size: int = 0) -> None:
+async def send_frame(
+    nc: LogClient, frame: bytes, payload_size: int = 0, *, now: bool = False
+) -> None:
     """Queue one frame for the connection's flusher, with nats-py's publish checks.
 
     While reconnecting the frame waits in nats-py's buffer (sent after the reconnect),
     unless the buffer is full: ``OutboundBufferLimitError``, as ``publish`` raises.
+    ``now``: written in this step where :meth:`LogClient.write_now` can (with every frame
+    queued before it), else left to the flusher.
     """
     if nc.is_closed:
         raise nats.errors.ConnectionClosedError
@@ -82,6 +86,8 @@ async def send_frame(nc: LogClient, frame: bytes, payload_size: int = 0) -> None
     nc.stats["out_msgs"] += 1
     nc.stats["out_bytes"] += payload_size
     await nc._send_command(frame)
+    if now and nc.write_now():
+        return
     if nc._flush_queue is not None and nc._flush_queue.empty():
         await nc._flush_pending()
 
@@ -146,8 +152,15 @@ class PubAckMux:
         await self._nc.raw_subscribe(f"{inbox}.*", self._on_reply)
         self._prefix = inbox.encode() + b"."
 
-    async def submit(self, subject: bytes, payload: bytes, headers: bytes) -> asyncio.Future[bytes]:
-        """Send one publish; the future gets the PubAck's bytes (or the error)."""
+    async def submit(
+        self, subject: bytes, payload: bytes, headers: bytes, *, now: bool = False
+    ) -> asyncio.Future[bytes]:
+        """Send one publish; the future gets the PubAck's bytes (or the error).
+
+        ``now``: a lone publish, written in this step where it can be (:func:`send_frame`);
+        one sent while others of this connection await their PubAcks (a burst's
+        decisions, a pipelined window) is left to the flusher, which writes a turn's
+        publishes together."""
         if self._closed:
             raise nats.errors.ConnectionClosedError
         if not self._prefix:
@@ -167,9 +180,10 @@ class PubAckMux:
             headers,
             payload,
         )
+        alone = now and not self._waiting
         self._waiting[token] = (loop.time() + self.timeout, future)  # before any answer can come
         try:
-            await send_frame(self._nc, frame, len(payload))
+            await send_frame(self._nc, frame, len(payload), now=alone)
         except BaseException:
             self._waiting.pop(token, None)
             raise
