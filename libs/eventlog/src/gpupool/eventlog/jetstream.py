@@ -868,6 +868,21 @@ class JetStreamSubscription:
             break  # a status, a renewal, the end, a folded entry: __anext__ handles it
         return taken
 
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        """Ack each of ``deliveries`` (this subscription's) not acked or nakked yet, in order:
+        the frames each ``ack`` would queue, queued as one (one ``send_frame`` for a batch;
+        nats-py's ``out_msgs`` counts it once)."""
+        frames: list[bytes] = []
+        unacked = self._unacked
+        for delivery in deliveries:
+            assert isinstance(delivery, JetStreamDelivery)
+            if not delivery._done:
+                delivery._done = True
+                unacked.pop(delivery._reply, None)
+                frames.append(ack_frame(delivery._reply, ACK))
+        if frames:
+            await send_frame(self._log._nc, b"".join(frames))
+
     def _deliver(
         self, item: _Raw, seq: int, delivered: int, consumer_seq: int
     ) -> JetStreamDelivery:
