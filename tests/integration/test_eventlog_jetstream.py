@@ -178,3 +178,34 @@ async def test_pipelined_append_many_across_windows_then_filtered_replay(
     node_1 = [e async for e in jetstream_log.replay(node="node-1", from_seq=100)]
     assert [e.seq for e in node_1] == [s for s in seqs if s >= 100 and (s - 1) % 3 == 1]
     assert all(isinstance(e, StoredEvent) and e.envelope.event.node == "node-1" for e in node_1)
+
+
+async def test_a_batch_acked_in_one_write_is_acknowledged_entry_by_entry(
+    jetstream_log: JetStreamEventLog,
+) -> None:
+    seqs = [await jetstream_log.append(wrap(ready("n", f"p{i}"))) for i in range(6)]
+    subscription = jetstream_log.subscribe(durable="batch-acked")
+    taken = [await asyncio.wait_for(anext(subscription), timeout=WAIT_S)]
+    while len(taken) < len(seqs):
+        taken += subscription.take_ready(len(seqs)) or [
+            await asyncio.wait_for(anext(subscription), timeout=WAIT_S)
+        ]
+    assert [delivery.seq for delivery in taken] == seqs
+    await taken[1].ack()  # acked before: not acked twice
+    await subscription.ack_many(taken)
+    await subscription.aclose()  # would nak anything still held
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            info = await jetstream_log._consumer_info(subscription.durable)
+            if info.ack_floor is not None and info.ack_floor.stream_seq == seqs[-1]:
+                break
+            await asyncio.sleep(0.05)
+    assert info.num_ack_pending == 0
+    later = await jetstream_log.append(wrap(ready("n", "later")))
+    again = jetstream_log.subscribe(durable="batch-acked")
+    try:
+        first = await asyncio.wait_for(anext(again), timeout=WAIT_S)
+        assert first.seq == later  # none of the batch came back
+        await first.ack()
+    finally:
+        await again.aclose()

@@ -3,6 +3,7 @@ headers are byte for byte what ``header_block`` and ``entry_subject`` make from 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,9 +11,16 @@ import pytest
 
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.port import entry_subject
-from gpupool.eventlog.subjects import node_subject_filter, writer_subject_filter
+from gpupool.eventlog.subjects import node_subject_filter, subject_for, writer_subject_filter
 from gpupool.eventlog.wire import PubAck, header_block
-from gpupool.events import Assigned, Envelope, PodRef, encode_entry, encode_envelope
+from gpupool.events import (
+    Assigned,
+    Envelope,
+    MessageRejected,
+    PodRef,
+    encode_entry,
+    encode_envelope,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -73,3 +81,37 @@ async def test_a_decisions_framing_is_what_header_block_makes_from_scratch(node:
 async def test_a_decision_for_two_nodes_is_refused() -> None:
     with pytest.raises(ValueError, match="one node"):
         await Capturing().append_decision([assigned("n1", "a"), assigned("n2", "b")])
+
+
+class ImmediateMux:
+    """Captures the pipelined publishes; every one is answered at once."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[bytes, bytes, bytes]] = []
+
+    async def submit(self, subject: bytes, payload: bytes, headers: bytes) -> Any:
+        self.submitted.append((subject, payload, headers))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(b'{"stream": "GPUPOOL", "seq": %d}' % len(self.submitted))
+        return future
+
+
+async def test_pipelined_appends_are_framed_as_header_block_and_subject_for_make_them() -> None:
+    log = Capturing()
+    mux = log._mux = ImmediateMux()  # type: ignore[assignment]
+    rejected = MessageRejected(subject="x", reason="unreadable", payload="")
+    envelopes = [
+        assigned("gpu-node-1", "a"),
+        assigned("node.with.dots", "b"),
+        Envelope(id="nodeless", time=T0, event=rejected),
+        assigned("gpu-node-1", "c"),
+    ]
+    assert await log.append_many(envelopes) == [1, 2, 3, 4]
+    assert mux.submitted == [
+        (
+            subject_for(e.event, prefix="gpupool.log", writer="admission-queue").encode(),
+            encode_envelope(e),
+            header_block([(b"Nats-Msg-Id", e.id), (b"Nats-Expected-Stream", "GPUPOOL")]),
+        )
+        for e in envelopes
+    ]

@@ -54,7 +54,6 @@ from gpupool.eventlog.subjects import (
     DEFAULT_WRITER,
     node_entry_subject,
     node_subject_filter,
-    subject_for,
     subject_matches,
     writer_subject_filter,
     writer_token,
@@ -404,18 +403,21 @@ class JetStreamEventLog:
         """Publishes in windows; a window's PubAcks are collected while the next one is sent."""
         seqs: list[int] = []
         in_flight: list[tuple[Envelope, asyncio.Future[bytes] | None]] = []
-        stream_pair = (_H_EXPECTED_STREAM, self.stream)
+        submit = self._mux.submit
+        framing = self._decision_framing
         try:
             for start in range(0, len(envelopes), PIPELINE_WINDOW):
                 window: list[tuple[Envelope, asyncio.Future[bytes] | None]] = []
                 for envelope in envelopes[start : start + PIPELINE_WINDOW]:
+                    # header_block's bytes (the message id, the stream), the subject and the
+                    # stream's line kept per node, as a decision's are (_decision_framing)
+                    subject, stream_line, _ = framing(event_node(envelope.event), None)
                     try:
-                        future: asyncio.Future[bytes] | None = await self._mux.submit(
-                            subject_for(
-                                envelope.event, prefix=self.subject_prefix, writer=self.writer
-                            ).encode(),
+                        future: asyncio.Future[bytes] | None = await submit(
+                            subject.encode(),
                             encode_envelope(envelope),
-                            header_block([(_H_MSG_ID, envelope.id), stream_pair]),
+                            b"NATS/1.0\r\n%b: %b\r\n%b\r\n"
+                            % (_H_MSG_ID, header_value(envelope.id), stream_line),
                         )
                     except nats.errors.OutboundBufferLimitError:
                         future = None  # disconnected and the buffer is full: append it alone
@@ -868,6 +870,21 @@ class JetStreamSubscription:
                     continue
             break  # a status, a renewal, the end, a folded entry: __anext__ handles it
         return taken
+
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        """Ack each of ``deliveries`` (this subscription's) not acked or nakked yet, in order:
+        the frames each ``ack`` would queue, queued as one (one ``send_frame`` for a batch;
+        nats-py's ``out_msgs`` counts it once)."""
+        frames: list[bytes] = []
+        unacked = self._unacked
+        for delivery in deliveries:
+            assert isinstance(delivery, JetStreamDelivery)
+            if not delivery._done:
+                delivery._done = True
+                unacked.pop(delivery._reply, None)
+                frames.append(ack_frame(delivery._reply, ACK))
+        if frames:
+            await send_frame(self._log._nc, b"".join(frames))
 
     def _deliver(
         self, item: _Raw, seq: int, delivered: int, consumer_seq: int

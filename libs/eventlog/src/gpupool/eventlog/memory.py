@@ -306,6 +306,11 @@ class MemorySubscription:
             taken.append(delivery)
         return taken
 
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        """Ack each of ``deliveries`` in order (``JetStreamSubscription.ack_many``)."""
+        for delivery in deliveries:
+            await delivery.ack()
+
     async def __aenter__(self) -> MemorySubscription:
         return self
 

@@ -83,10 +83,44 @@ MAX_JSON_DEPTH = 32
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _BRACKET = re.compile(rb"[\[\]{}]")
+_NOT_QUOTE_OR_BRACKET = bytes(c for c in range(256) if c not in b'"[]{}')
+_AS_PARENS = bytes.maketrans(b"[]{}", b"()()")
 
 
 def _json_depth(data: bytes) -> int:
     """How deep ``data`` nests arrays and objects (brackets inside strings do not count)."""
+    depth = _json_depth_plain(data)
+    return depth if depth is not None else _json_depth_scanned(data)
+
+
+def _json_depth_plain(data: bytes) -> int | None:
+    """``_json_depth`` in a few passes of bytes methods, for the entries the log holds: no
+    backslash (so every ``"`` opens or closes a string), balanced brackets. None: anything
+    else, or deeper than ``MAX_JSON_DEPTH`` (the character scan then says how deep).
+
+    Outside the strings (every other piece between quotes) only the brackets are kept, as
+    parentheses; each round removes every innermost ``()`` pair, so the nesting depth of a
+    balanced sequence is the number of rounds until nothing is left. A decision entry of 700
+    envelopes: about 1 ms instead of 20 for the character scan."""
+    if b"\\" in data:
+        return None
+    pieces = data.translate(None, _NOT_QUOTE_OR_BRACKET).split(b'"')
+    if not len(pieces) % 2:
+        return None  # a string is not closed
+    brackets = b"".join(pieces[::2]).translate(_AS_PARENS)
+    rounds = 0
+    while brackets:
+        if rounds > MAX_JSON_DEPTH:
+            return None
+        inner = brackets.replace(b"()", b"")
+        if len(inner) == len(brackets):
+            return None  # unbalanced
+        brackets = inner
+        rounds += 1
+    return rounds
+
+
+def _json_depth_scanned(data: bytes) -> int:
     depth = deepest = 0
     for bracket in _BRACKET.findall(_JSON_STRING.sub(b"", data)):
         if bracket in (b"[", b"{"):
@@ -110,8 +144,12 @@ def _check_depth(data: bytes, what: str) -> None:
         )
 
 
-def _decode_bounded(decoder: msgspec.json.Decoder[Any], data: bytes, what: str) -> Any:
-    _check_depth(data, what)
+def _decode_bounded(
+    decoder: msgspec.json.Decoder[Any], data: bytes, what: str, *, checked: bool = False
+) -> Any:
+    """Decode with the depth checked first (``checked``: the caller checked these bytes)."""
+    if not checked:
+        _check_depth(data, what)
     try:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -228,7 +266,8 @@ def decode_entry(data: bytes) -> tuple[Envelope, ...]:
     version = _probe_version(data)
     if version != ENTRY_SCHEMA_VERSION:
         return (_decode_checked(data),)
-    entry: LogEntry = _decode_bounded(_entry_decoder, data, "invalid decision entry")
+    # the same bytes passed the depth check in _probe_version
+    entry: LogEntry = _decode_bounded(_entry_decoder, data, "invalid decision entry", checked=True)
     if not entry.envelopes:
         raise EventDecodeError("invalid decision entry: it holds no envelope")
     for envelope in entry.envelopes:

@@ -161,6 +161,19 @@ def last_entry_per_node(entries: list[StoredEvent]) -> dict[str, Envelope]:
     return touched
 
 
+async def ack_all(subscription: Subscription, deliveries: list[Delivery]) -> None:
+    """Ack a batch of the subscription's deliveries in order: in one write where the
+    subscription can (``ack_many``: the same ack frames, queued together), else one by one."""
+    ack_many: Callable[[list[Delivery]], Awaitable[None]] | None = getattr(
+        subscription, "ack_many", None
+    )
+    if ack_many is not None:
+        await ack_many(deliveries)
+        return
+    for delivery in deliveries:
+        await delivery.ack()
+
+
 class DeciderLoop:
     def __init__(
         self,
@@ -645,8 +658,7 @@ class DeciderLoop:
                     folded, self._batch_folded = self._batch_folded, asyncio.Event()
                     folded.set()
                     if ack_before_reacting:
-                        for taken in deliveries:
-                            await taken.ack()
+                        await ack_all(subscription, deliveries)
                         self._unacked_held = len(self._taken)
                     else:
                         self._unacked_held = len(deliveries) + len(self._taken)
@@ -657,8 +669,7 @@ class DeciderLoop:
                             for entry in reactions:
                                 await react(entry)
                     if not ack_before_reacting:
-                        for taken in deliveries:
-                            await taken.ack()
+                        await ack_all(subscription, deliveries)
                         self._unacked_held = len(self._taken)
                     async with self._consumer_lock:
                         # what a conflict's catch-up took from the consumer meanwhile
