@@ -118,3 +118,15 @@ def producer_problem(event: Event, writer: str | None) -> str | None:
         f"{WRONG_PRODUCER}: {_tag(type(event))} is appended only by "
         f"{_WRITERS_OF[type(event)]}, not by {writer}"
     )
+
+
+def believed_events(writer: str | None) -> frozenset[type[Event]]:
+    """The event types :func:`producer_problem` believes from ``writer`` (finds no problem with)."""
+    if writer is None:
+        return frozenset(ALL_EVENT_TYPES)
+    allowed = PRODUCERS.get(writer)
+    if allowed is not None:
+        return allowed
+    if writer in UNATTRIBUTED_WRITERS or writer in LEGACY_TOKENS:
+        return frozenset(ALL_EVENT_TYPES)
+    return frozenset()

@@ -293,13 +293,10 @@ class _Consumer:
         expected = self._expected
         gap: str | None = None
         for subject, reply, data in messages[:left] if len(messages) > left else messages:
-            if (
-                reply.count(b".") == 8
-            ):  # $JS.ACK.<stream>.<consumer>.<n>.<seq>.<cseq>.<ts>.<pending>
-                _, seq_token, number_token, _, _ = reply.rsplit(b".", 4)
-                seq, number = int(seq_token), int(number_token)
+            tokens = reply.split(b".")
+            if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<n>.<seq>.<cseq>.<ts>.<pending>
+                seq, number = int(tokens[5]), int(tokens[6])
             else:  # $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<n>.<seq>.<cseq>.…
-                tokens = reply.split(b".")
                 seq, number = int(tokens[7]), int(tokens[8])
             if number != expected:
                 gap = f"delivery {number} where {expected} was next"

@@ -259,7 +259,11 @@ def encode_entry(envelopes: tuple[Envelope, ...] | list[Envelope]) -> bytes:
 
 def decode_entry(data: bytes) -> tuple[Envelope, ...]:
     """The envelopes of one log entry of any version; EventDecodeError on bad input."""
-    if b'"envelopes"' not in data:  # most entries are one current envelope: decode it at once
+    # Most entries are one current envelope: decode it at once (a decision entry as gpupool
+    # writes it, its envelopes first, goes straight to the probe). Any other decision entry
+    # never decodes so (it has no ``id``, ``time`` or ``event``, and schema 3), and an entry
+    # that does is one the probe below reads as that same current envelope.
+    if not data.startswith(b'{"envelopes":'):
         envelope = _decode_current(data)
         if envelope is not None:
             return (envelope,)

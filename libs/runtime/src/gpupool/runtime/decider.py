@@ -341,6 +341,7 @@ class DeciderLoop:
         common case inline (a rebuild spends its time here); returns the entries folded now."""
         projection = self.projection
         apply = projection.apply
+        apply_one = projection.apply_one
         writers = self._writers
         partition = self.partition
         refused = projection.refused  # a deque: take_refused clears it, never replaces it
@@ -357,7 +358,12 @@ class DeciderLoop:
             writer = writers.get(subject, _UNSEEN_SUBJECT)
             if writer is _UNSEEN_SUBJECT:
                 writer = self._writer_of(subject)
-            if apply(entry.seq, entry.envelope, index=entry.index, last=entry.last, writer=writer):
+            if entry.last and not entry.index:  # an entry of one envelope: the common case
+                if apply_one(entry.seq, entry.envelope, writer):
+                    append(entry)
+            elif apply(
+                entry.seq, entry.envelope, index=entry.index, last=entry.last, writer=writer
+            ):
                 append(entry)
             if refused:
                 for refusal in projection.take_refused():

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 from gpupool.core import State, assignment_holds, evolve
 from gpupool.core.admission_check import EnvelopeIds, admission_problem
-from gpupool.core.producers import producer_problem
-from gpupool.events import Assigned, Envelope
+from gpupool.core.producers import believed_events, producer_problem
+from gpupool.core.state import GPU_PERCENT
+from gpupool.events import Assigned, Envelope, Event, PodReady, PodRejected, Released
 from gpupool.runtime.snapshot import (
     SNAPSHOT_FORMAT,
     Snapshot,
@@ -38,6 +39,10 @@ from gpupool.runtime.statistics import UNCOUNTED_EVENTS, LogStatistics
 Observer = Callable[[State, Envelope, int], None]
 
 MAX_PENDING_REFUSALS = 10_000
+
+_BELIEVED: dict[str | None, frozenset[type[Event]]] = {}
+"""Writer token -> the event types ``producer_problem`` believes from it (``believed_events``)."""
+MAX_REMEMBERED_WRITERS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,113 @@ class Projection:
             self.last_seq = seq  # in order: the watermark moves on
         else:
             self._mark(seq, None)
+        return True
+
+    def apply_one(self, seq: int, envelope: Envelope, writer: str | None = None) -> bool:
+        """``apply(seq, envelope, writer=writer)`` for an entry holding one envelope: the same
+        fold, its most frequent cases (an in-order PodReady, Assigned, Released or PodRejected
+        that is plainly admissible, no observers) checked with one look at the pod.
+
+        Every case it does not settle at once goes to :meth:`apply`, which decides it (so a
+        refusal, a replayed id, an unusual inventory, ... take the one general path); the
+        state change itself is ``evolve``'s. The checks spelt out here are the admissible
+        branches of ``producer_problem``, ``admission_problem`` and ``assignment_holds``, and
+        the counts ``LogStatistics.observe`` makes for these types:
+        ``tests/unit/test_runtime_projection_apply_one.py`` folds logs both ways and compares
+        everything."""
+        if seq != self.last_seq + 1 or self.ahead or self.open_entry is not None or self.observers:
+            return self.apply(seq, envelope, writer=writer)
+        event = envelope.event
+        believed = _BELIEVED.get(writer)
+        if believed is None:
+            if len(_BELIEVED) >= MAX_REMEMBERED_WRITERS:
+                _BELIEVED.clear()
+            believed = _BELIEVED[writer] = believed_events(writer)
+        ids = self.envelope_ids
+        if type(event) not in believed or envelope.id in ids:
+            return self.apply(seq, envelope, writer=writer)
+        state = self.state
+        statistics = self.statistics
+        holds: bool | None = None
+        if type(event) is PodReady:
+            pod = state.pods.get(event.pod)
+            if pod is None or pod.phase != "dormant" or pod.node != event.node:
+                return self.apply(seq, envelope, writer=writer)
+            # PodReady: the statistics count nothing
+        elif type(event) is Assigned:
+            pod = state.pods.get(event.pod)
+            if (
+                pod is None
+                or pod.phase != "ready"
+                or pod.node != event.node
+                or pod.policy != "share-pool"
+            ):
+                return self.apply(seq, envelope, writer=writer)
+            node = state.nodes.get(event.node)
+            index = event.gpu_index
+            if node is None or index < 0:
+                return self.apply(seq, envelope, writer=writer)
+            gpus = node.gpus
+            if gpus:
+                if index >= len(gpus) or gpus[index].index != index:
+                    return self.apply(seq, envelope, writer=writer)
+                # admissible; it holds if the pod is not removed, the UUID is the GPU's and
+                # its limits fit beside what runs there (assignment_holds)
+                limits = pod.limits
+                held = node.usage.get(index)
+                holds = (
+                    not pod.removed
+                    and gpus[index].uuid == event.gpu_uuid
+                    and (held.core if held is not None else 0) + limits.core <= GPU_PERCENT
+                    and (held.memory if held is not None else 0) + limits.memory <= GPU_PERCENT
+                )
+            elif index < node.gpu_count:
+                holds = False  # admissible by the advertised count; no inventory to hold on
+            else:
+                return self.apply(seq, envelope, writer=writer)
+            if holds and statistics is not None:
+                stats = statistics.nodes.get(event.node) or statistics.node(event.node)
+                stats.assignments += 1
+                if pod.ready_since is not None:  # a ready pod on this node: its wait ends
+                    stats.waits.observe(envelope.time - pod.ready_since)
+        elif type(event) is Released:
+            pod = state.pods.get(event.pod)
+            if pod is None or pod.node != event.node:
+                return self.apply(seq, envelope, writer=writer)
+            gpu_index = event.gpu_index
+            phase = pod.phase
+            if phase == "running":
+                if gpu_index is None or pod.gpu_index != gpu_index:
+                    return self.apply(seq, envelope, writer=writer)
+            elif phase != "ready" or gpu_index is not None:
+                return self.apply(seq, envelope, writer=writer)
+            if statistics is not None:
+                stats = statistics.nodes.get(event.node) or statistics.node(event.node)
+                releases = stats.releases
+                reason = event.reason
+                releases[reason] = releases.get(reason, 0) + 1
+                if phase == "ready" and pod.ready_since is not None:  # it gave up waiting
+                    stats.waits.observe(envelope.time - pod.ready_since)
+        elif type(event) is PodRejected:
+            if statistics is not None:
+                stats = statistics.nodes.get(event.node) or statistics.node(event.node)
+                rejections = stats.pod_rejections
+                rejected = event.reason
+                rejections[rejected] = rejections.get(rejected, 0) + 1
+        else:
+            return self.apply(seq, envelope, writer=writer)
+        evolve(state, envelope, holds)
+        ids.add(envelope.id)
+        node_name = event.node
+        node_seq = self.node_seq
+        if seq > node_seq.get(node_name, 0):
+            node_seq[node_name] = seq
+        if writer is not None:
+            key = (node_name, writer)
+            writer_seq = self.writer_seq
+            if seq > writer_seq.get(key, 0):
+                writer_seq[key] = seq
+        self.last_seq = seq
         return True
 
     def apply_entry(
