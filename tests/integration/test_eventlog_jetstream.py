@@ -209,3 +209,39 @@ async def test_a_batch_acked_in_one_write_is_acknowledged_entry_by_entry(
         await first.ack()
     finally:
         await again.aclose()
+
+
+async def test_a_batch_whose_ack_write_fails_stays_unacked_and_is_acked_later(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpupool.eventlog import jetstream as jetstream_module
+
+    seqs = [await jetstream_log.append(wrap(ready("n", f"q{i}"))) for i in range(3)]
+    subscription = jetstream_log.subscribe(durable="batch-ack-fails")
+    taken = [await asyncio.wait_for(anext(subscription), timeout=WAIT_S)]
+    while len(taken) < len(seqs):
+        taken += subscription.take_ready(len(seqs)) or [
+            await asyncio.wait_for(anext(subscription), timeout=WAIT_S)
+        ]
+    written = jetstream_module.send_frame
+
+    async def failing(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("the connection went away")
+
+    monkeypatch.setattr(jetstream_module, "send_frame", failing)
+    with pytest.raises(ConnectionError):
+        await subscription.ack_many(taken)
+    monkeypatch.setattr(jetstream_module, "send_frame", written)
+    try:
+        # still this subscription's, not acked: acking them again now sends their acks
+        assert sorted(d.seq for d in subscription._unacked.values()) == seqs
+        await subscription.ack_many(taken)
+        assert subscription._unacked == {}
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                info = await jetstream_log._consumer_info(subscription.durable)
+                if info.ack_floor is not None and info.ack_floor.stream_seq == seqs[-1]:
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        await subscription.aclose()

@@ -1,8 +1,9 @@
 """The log's NATS client against a real nats-server: raw subscriptions get every message's
 undecoded parts in order, status messages are told apart, plain subscriptions and
 JetStream requests on the same connection are nats-py's own, an unsubscribed raw
-subscription gets nothing more, and a frame sent ``now`` is written in the sender's step
-(with the frames queued before it; the rest of that turn's frames go to the flusher)."""
+subscription gets nothing more, a frame sent ``now`` is written in the sender's step
+(with the frames queued before it; the rest of that turn's frames go to the flusher), and
+a flush's PING goes after the frames queued before it."""
 
 from __future__ import annotations
 
@@ -196,3 +197,35 @@ async def test_frames_queued_before_go_with_the_frame_sent_now_and_later_ones_to
     assert same_turn == [frame(b"3"), frame(b"4")]
     assert later_turn == []
     assert got == [b"1", b"2", b"3", b"4", b"5"]
+
+
+async def test_a_flush_is_written_after_the_frames_queued_before_it(nats_url: str) -> None:
+    client = await connected(nats_url)
+    writer = client._transport._io_writer  # type: ignore[union-attr]
+    assert writer is not None
+    written: list[bytes] = []
+    write, writelines = writer.write, writer.writelines
+
+    def recording_write(data: bytes) -> None:
+        written.append(bytes(data))
+        write(data)
+
+    def recording_writelines(lines: list[bytes]) -> None:
+        written.extend(bytes(line) for line in lines)
+        writelines(lines)
+
+    writer.write = recording_write  # type: ignore[method-assign]
+    writer.writelines = recording_writelines  # type: ignore[method-assign]
+    try:
+        subscription = await client.subscribe("flush.order", cb=ignore_msg)
+        await client.flush()  # its PONG: the server had everything written before the PING
+        await subscription.unsubscribe()
+    finally:
+        await client.close()
+    frames = b"".join(written)
+    assert b"SUB flush.order" in frames and b"PING\r\n" in frames
+    assert frames.index(b"SUB flush.order") < frames.index(b"PING\r\n"), written
+
+
+async def ignore_msg(msg: object) -> None:
+    pass

@@ -209,5 +209,7 @@ async def test_a_consumer_that_delivers_nothing_is_given_up_for_a_new_one(
     opened: list[str] = []
     batches = await stalling_replay(jetstream_log, opened)
     assert [entry.seq for batch in batches for entry in batch] == seqs
-    assert len(opened) == 2
+    # the silent one given up for a new one (more if a busy machine made a later consumer
+    # miss the short stall time too: that one hands out what it had, and reads on)
+    assert len(opened) >= 2
     assert await consumers_left(jetstream_log) == []

@@ -15,7 +15,6 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import msgspec
-import nats
 import pytest
 import yaml
 from log_streams import delete_stream, unique_stream
@@ -26,6 +25,7 @@ from gpupool.core import RemovePod
 from gpupool.core.simulation import Scenario, simulate
 from gpupool.eventlog import JetStreamEventLog, jetstream
 from gpupool.eventlog.archive import Archive, StreamOperator, checkpoint_name, segment_name
+from gpupool.eventlog.log_client import LogClient
 from gpupool.eventlog.nats_server import run_nats_server
 from gpupool.eventlog.port import StoredEvent
 from gpupool.eventlog.reader import ReadOnlyLog
@@ -514,7 +514,8 @@ async def test_a_durable_nobody_pulls_from_expires_and_no_longer_holds_a_purge_b
         with contextlib.suppress(asyncio.CancelledError):
             await waiting_too
         # the server announces each consumer it deletes (an advisory): wait on those
-        advisories = await nats.connect(nats_url)
+        advisories = LogClient()  # its flush() follows the SUB (nats-py's could precede it)
+        await advisories.connect(nats_url)
         deleted: asyncio.Queue[object] = asyncio.Queue()
 
         async def on_deleted(msg: object) -> None:

@@ -54,9 +54,10 @@ async def test_each_puback_reaches_its_own_publish_when_answers_come_in_reverse(
     nats_url: str,
 ) -> None:
     client = await connected(nats_url)
-    # The responder is the publishing connection itself, as in the no-answer test below:
-    # with it on a second connection, flushed, the server answered "no responders" to a
-    # publish about one run in twenty (seen before and after the lone-publish write).
+    # The responder is the publishing connection itself: the server takes one connection's
+    # operations in order. (On a second connection, nats-py's flush wrote its PING ahead of
+    # the queued SUB, so the publish could come before the interest: "no responders";
+    # LogClient now queues the PING behind, test_eventlog_log_client.py.)
     responder = client
     requests: list[Msg] = []
     all_in = asyncio.Event()
@@ -94,9 +95,7 @@ async def test_a_publish_nobody_answers_times_out_with_nats_timeout_error(nats_u
     mux = PubAckMux(client, timeout=0.2)
     try:
         # The silent subscriber is on the publishing connection itself: the server takes a
-        # connection's operations in order, so it has the interest before the publish. (On
-        # a second connection, flushed, the server still answered "no responders" about
-        # one time in ten.)
+        # connection's operations in order, so it has the interest before the publish.
         await client.subscribe("wire.silent", cb=ignore)
         await client.flush()
         with pytest.raises(nats.errors.TimeoutError):

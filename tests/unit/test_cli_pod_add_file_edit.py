@@ -124,3 +124,13 @@ def test_an_empty_or_missing_pods_list_becomes_a_list_of_the_new_pod(text: str) 
 )
 def test_a_file_that_cannot_be_edited_in_place_is_left_to_a_whole_rewrite(text: str) -> None:
     assert text_with_pod_added(text, POD) is None
+
+
+def test_a_file_with_crlf_line_endings_keeps_them_and_gets_them_on_the_new_line() -> None:
+    text = "# notes\r\nnodes: []\r\npods:\r\n  - name: a\r\n    node: n\r\ntimeline: []\r\n"
+    edited = text_with_pod_added(text, POD)
+    assert edited is not None
+    assert yaml.safe_load(edited) == appended(text)
+    lines = edited.split("\r\n")
+    assert "\n" not in "".join(lines)  # every line break is still CRLF
+    assert lines[5].startswith("  - {name: pod-e, ")

@@ -876,6 +876,7 @@ class JetStreamSubscription:
         the frames each ``ack`` would queue, queued as one (one ``send_frame`` for a batch;
         nats-py's ``out_msgs`` counts it once)."""
         frames: list[bytes] = []
+        taken: list[JetStreamDelivery] = []
         unacked = self._unacked
         for delivery in deliveries:
             assert isinstance(delivery, JetStreamDelivery)
@@ -883,8 +884,16 @@ class JetStreamSubscription:
                 delivery._done = True
                 unacked.pop(delivery._reply, None)
                 frames.append(ack_frame(delivery._reply, ACK))
+                taken.append(delivery)
         if frames:
-            await send_frame(self._log._nc, b"".join(frames))
+            try:
+                await send_frame(self._log._nc, b"".join(frames))
+            except BaseException:
+                # not acked: they stay this subscription's, nakked at its close as before
+                for delivery in taken:
+                    delivery._done = False
+                    unacked[delivery._reply] = delivery
+                raise
 
     def _deliver(
         self, item: _Raw, seq: int, delivered: int, consumer_seq: int

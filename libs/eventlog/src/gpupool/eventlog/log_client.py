@@ -41,7 +41,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from nats.aio.client import Client
+from nats.aio.client import PING_PROTO, Client
 from nats.aio.subscription import Subscription
 from nats.aio.transport import TcpTransport
 from nats.errors import ProtocolError
@@ -214,6 +214,20 @@ class LogClient(Client):
 
     def _next_turn(self) -> None:
         self._wrote_now = False
+
+    async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
+        """A PING queued behind the frames already waiting, so that its PONG (``flush()``)
+        means the server has them.
+
+        nats-py 2.16 writes the PING to the socket at once, ahead of the frames still
+        queued for the flusher: a ``subscribe()`` then ``flush()`` could return before the
+        server had the subscription, and a publish from another connection then found no
+        interest ("no responders")."""
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+        self._pongs.append(future)
+        await self._send_command(PING_PROTO)
+        await self._flush_pending()
 
     async def raw_subscribe(self, subject: str, sink: RawSink) -> Subscription:
         """Subscribe ``subject`` with ``sink`` called for each message (see the module).

@@ -89,9 +89,9 @@ async def add(args: argparse.Namespace) -> int:
     except msgspec.ValidationError as error:
         raise InvalidInput(f"pod {args.name}: {error}") from error
     try:
-        text = cluster_file.read_text()
+        text = cluster_file.read_bytes().decode("utf-8")  # line endings as they are (CRLF)
         document = yaml.safe_load(text) or {}
-    except (OSError, yaml.YAMLError) as error:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise CommandFailed(f"{cluster_file}: cannot read the cluster file: {error}") from error
     if not isinstance(document, dict):
         raise InvalidInput(f"{cluster_file}: not a cluster file (a mapping with nodes and pods)")
@@ -111,7 +111,7 @@ async def add(args: argparse.Namespace) -> int:
     try:
         after_seq = await last_seq(log) if log is not None else 0
         temporary = cluster_file.with_name(cluster_file.name + ".tmp")
-        temporary.write_text(new_text)
+        temporary.write_text(new_text, encoding="utf-8", newline="")
         temporary.replace(cluster_file)
         if edited is None:
             print(
@@ -165,11 +165,14 @@ def text_with_pod_added(text: str, pod: dict[str, Any]) -> str | None:
     if not isinstance(before, dict):
         return None
     item = yaml.safe_dump(pod, default_flow_style=True, sort_keys=False, width=1 << 20).strip()
+    eol = "\r\n" if "\r\n" in text else "\n"  # the file's own line ending
     pods_value = _top_level_value(root, "pods")
     if pods_value is None:
         if "pods" in before:
             return None
-        edited = text + ("" if text.endswith("\n") or not text else "\n") + f"pods:\n  - {item}\n"
+        edited = (
+            text + ("" if text.endswith("\n") or not text else eol) + f"pods:{eol}  - {item}{eol}"
+        )
     elif (
         isinstance(pods_value, yaml.SequenceNode) and pods_value.value and not pods_value.flow_style
     ):
@@ -182,17 +185,17 @@ def text_with_pod_added(text: str, pod: dict[str, Any]) -> str | None:
         if insert_at > len(lines):
             return None
         if insert_at == len(lines) and lines and not lines[-1].endswith("\n"):
-            lines[-1] += "\n"
-        lines.insert(insert_at, f"{dash}- {item}\n")
+            lines[-1] += eol
+        lines.insert(insert_at, f"{dash}- {item}{eol}")
         edited = "".join(lines)
     elif (isinstance(pods_value, yaml.SequenceNode) and not pods_value.value) or (
         isinstance(pods_value, yaml.ScalarNode) and pods_value.tag.endswith(":null")
     ):
         # ``pods: []`` or an empty ``pods:``: the value becomes a block list of one item.
         start, end = pods_value.start_mark.index, pods_value.end_mark.index
-        edited = f"{text[:start].rstrip(' ')}\n  - {item}{text[end:]}"
+        edited = f"{text[:start].rstrip(' ')}{eol}  - {item}{text[end:]}"
         if not edited.endswith("\n"):
-            edited += "\n"
+            edited += eol
     else:
         return None
     expected = dict(before)
