@@ -126,6 +126,15 @@ class Counted:
                 outer.deliveries += len(taken)
                 return taken
 
+            async def ack_many(self, deliveries: list[Any]) -> None:
+                # as the service's own subscription acks a batch (one write), not one by one
+                ack_many = getattr(inner, "ack_many", None)
+                if ack_many is not None:
+                    await ack_many(deliveries)
+                else:
+                    for delivery in deliveries:
+                        await delivery.ack()
+
             async def aclose(self) -> None:
                 await inner.aclose()
 
