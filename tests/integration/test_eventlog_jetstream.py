@@ -9,6 +9,7 @@ import sys
 from datetime import UTC, datetime
 from itertools import count
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,16 +181,22 @@ async def test_pipelined_append_many_across_windows_then_filtered_replay(
     assert all(isinstance(e, StoredEvent) and e.envelope.event.node == "node-1" for e in node_1)
 
 
+async def take_all(subscription: Any, count: int) -> list[Any]:
+    """``count`` deliveries of ``subscription``, as the consume loop takes them (batches)."""
+    taken = [await asyncio.wait_for(anext(subscription), timeout=WAIT_S)]
+    while len(taken) < count:
+        taken += subscription.take_ready(count) or [
+            await asyncio.wait_for(anext(subscription), timeout=WAIT_S)
+        ]
+    return taken
+
+
 async def test_a_batch_acked_in_one_write_is_acknowledged_entry_by_entry(
     jetstream_log: JetStreamEventLog,
 ) -> None:
     seqs = [await jetstream_log.append(wrap(ready("n", f"p{i}"))) for i in range(6)]
     subscription = jetstream_log.subscribe(durable="batch-acked")
-    taken = [await asyncio.wait_for(anext(subscription), timeout=WAIT_S)]
-    while len(taken) < len(seqs):
-        taken += subscription.take_ready(len(seqs)) or [
-            await asyncio.wait_for(anext(subscription), timeout=WAIT_S)
-        ]
+    taken = await take_all(subscription, len(seqs))
     assert [delivery.seq for delivery in taken] == seqs
     await taken[1].ack()  # acked before: not acked twice
     await subscription.ack_many(taken)
@@ -218,11 +225,7 @@ async def test_a_batch_whose_ack_write_fails_stays_unacked_and_is_acked_later(
 
     seqs = [await jetstream_log.append(wrap(ready("n", f"q{i}"))) for i in range(3)]
     subscription = jetstream_log.subscribe(durable="batch-ack-fails")
-    taken = [await asyncio.wait_for(anext(subscription), timeout=WAIT_S)]
-    while len(taken) < len(seqs):
-        taken += subscription.take_ready(len(seqs)) or [
-            await asyncio.wait_for(anext(subscription), timeout=WAIT_S)
-        ]
+    taken = await take_all(subscription, len(seqs))
     written = jetstream_module.send_frame
 
     async def failing(*args: object, **kwargs: object) -> None:

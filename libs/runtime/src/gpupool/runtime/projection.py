@@ -134,15 +134,7 @@ class Projection:
             self.open_entry = (seq, index + 1)
             return True
         self.open_entry = None
-        node = event.node  # event_node
-        node_seq = self.node_seq
-        if seq > node_seq.get(node, 0):
-            node_seq[node] = seq
-        if writer is not None:
-            key = (node, writer)
-            writer_seq = self.writer_seq
-            if seq > writer_seq.get(key, 0):
-                writer_seq[key] = seq
+        self._note_write(seq, event.node, writer)  # event_node
         if seq == self.last_seq + 1 and not self.ahead:
             self.last_seq = seq  # in order: the watermark moves on
         else:
@@ -244,17 +236,20 @@ class Projection:
             return self.apply(seq, envelope, writer=writer)
         evolve(state, envelope, holds)
         ids.add(envelope.id)
-        node_name = event.node
+        self._note_write(seq, event.node, writer)
+        self.last_seq = seq
+        return True
+
+    def _note_write(self, seq: int, node: str, writer: str | None) -> None:
+        """The latest entry of ``node`` and of ``writer`` on it, as ``seq`` may move them."""
         node_seq = self.node_seq
-        if seq > node_seq.get(node_name, 0):
-            node_seq[node_name] = seq
+        if seq > node_seq.get(node, 0):
+            node_seq[node] = seq
         if writer is not None:
-            key = (node_name, writer)
+            key = (node, writer)
             writer_seq = self.writer_seq
             if seq > writer_seq.get(key, 0):
                 writer_seq[key] = seq
-        self.last_seq = seq
-        return True
 
     def apply_entry(
         self,
