@@ -248,3 +248,22 @@ async def test_a_batch_whose_ack_write_fails_stays_unacked_and_is_acked_later(
                 await asyncio.sleep(0.05)
     finally:
         await subscription.aclose()
+
+
+async def test_a_pipelined_append_that_fails_leaves_no_publish_waiting_for_its_puback(
+    jetstream_log: JetStreamEventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mux = jetstream_log._mux
+    submit = mux.submit
+    calls = count(1)
+
+    async def failing_in_the_second_window(*args: Any, **kwargs: Any) -> Any:
+        if next(calls) == 1500:  # the first window in flight, half the second sent
+            raise ConnectionError("the connection went away")
+        return await submit(*args, **kwargs)
+
+    monkeypatch.setattr(mux, "submit", failing_in_the_second_window)
+    with pytest.raises(ConnectionError):
+        await jetstream_log.append_many([wrap(ready("n", f"w{i}")) for i in range(2500)])
+    # every publish it had sent is given up: none holds a lone append back (submit's now)
+    assert mux.in_flight == 0

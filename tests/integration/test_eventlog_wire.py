@@ -132,6 +132,29 @@ async def test_a_lone_publish_is_written_at_once_and_one_behind_an_unanswered_pu
     assert in_flight == 2
 
 
+async def test_a_publish_whose_puback_was_given_up_no_longer_holds_a_lone_one_back(
+    nats_url: str,
+) -> None:
+    client = await connected(nats_url)
+    mux = PubAckMux(client, timeout=WAIT_S)
+    try:
+        await client.subscribe("wire.forgotten", cb=ignore)  # nobody answers
+        await client.flush()
+        abandoned = await mux.submit(b"wire.forgotten", b"1", header_block([]))
+        abandoned.cancel()  # its caller gave up on it (append_many after an error)
+        mux.forget([abandoned])
+        await client.flush()
+        in_flight = mux.in_flight
+        lone = await mux.submit(b"wire.forgotten", b"2", header_block([]), now=True)
+        lone_left = list(client._pending)  # written at once: nothing counts as in flight
+    finally:
+        mux.close()
+        await client.close()
+    assert in_flight == 0
+    assert lone_left == []
+    assert isinstance(lone.exception(), nats.errors.ConnectionClosedError)
+
+
 async def test_a_publish_to_a_subject_without_a_stream_is_no_stream_response(
     nats_url: str,
 ) -> None:

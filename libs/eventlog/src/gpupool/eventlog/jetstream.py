@@ -403,11 +403,12 @@ class JetStreamEventLog:
         """Publishes in windows; a window's PubAcks are collected while the next one is sent."""
         seqs: list[int] = []
         in_flight: list[tuple[Envelope, asyncio.Future[bytes] | None]] = []
+        window: list[tuple[Envelope, asyncio.Future[bytes] | None]] = []
         submit = self._mux.submit
         framing = self._decision_framing
         try:
             for start in range(0, len(envelopes), PIPELINE_WINDOW):
-                window: list[tuple[Envelope, asyncio.Future[bytes] | None]] = []
+                window = []
                 for envelope in envelopes[start : start + PIPELINE_WINDOW]:
                     # header_block's bytes (the message id, the stream), the subject and the
                     # stream's line kept per node, as a decision's are (_decision_framing)
@@ -423,12 +424,19 @@ class JetStreamEventLog:
                         future = None  # disconnected and the buffer is full: append it alone
                     window.append((envelope, future))
                 seqs += await self._settle(in_flight)
-                in_flight = window
+                in_flight, window = window, []
             seqs += await self._settle(in_flight)
         finally:
-            for _, unsettled in in_flight:
-                if unsettled is not None:
-                    unsettled.cancel()  # an error left them behind; settled ones are unaffected
+            # the window being settled and the one being sent, where an error left them
+            abandoned = [
+                unsettled
+                for _, unsettled in (*in_flight, *window)
+                if unsettled is not None and not unsettled.done()
+            ]
+            for unsettled in abandoned:
+                unsettled.cancel()  # an error left them behind; settled ones are unaffected
+            # nobody waits for their PubAcks now: a lone append after them is lone again
+            self._mux.forget(abandoned)
         return seqs
 
     async def _settle(

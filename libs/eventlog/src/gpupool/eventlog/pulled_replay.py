@@ -279,7 +279,9 @@ class _Consumer:
                 async with asyncio.timeout(self._stall_s):
                     await inbox.wake.wait()
             except TimeoutError:
-                if not self._replay.closed:
+                # (the wait may time out in the very turn the pull's last message came)
+                full = len(inbox.messages) >= inbox.want or inbox.status is not None
+                if not self._replay.closed and not full:
                     # what did arrive is handed out below, then the consumer is given up
                     stalled = (
                         f"{len(inbox.messages)} of {inbox.want} delivered in {self._stall_s:g} s"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Sequence
 
 import msgspec
 import nats.errors
@@ -190,6 +191,16 @@ class PubAckMux:
         if self._sweeper is None:
             self._sweeper = loop.create_task(self._sweep())
         return future
+
+    def forget(self, futures: Sequence[asyncio.Future[bytes]]) -> None:
+        """Stop waiting for the PubAcks of ``futures`` (their callers gave up on them): they
+        no longer count as publishes in flight (``submit``'s ``now``), and a late answer
+        is dropped as one after its timeout would be."""
+        if not futures:
+            return
+        gone = set(map(id, futures))
+        for token in [t for t, (_, f) in self._waiting.items() if id(f) in gone]:
+            del self._waiting[token]
 
     async def publish(self, subject: bytes, payload: bytes, headers: bytes) -> PubAck:
         """Publish and wait for the PubAck; the server's error is raised as nats-py's
