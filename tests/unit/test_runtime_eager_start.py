@@ -196,3 +196,17 @@ async def test_a_context_variable_set_in_the_first_part_is_the_tasks_not_the_cal
     resume.set()
     await task
     assert seen == ["inner"]  # and the task kept its own after the wait
+
+
+async def test_a_waiting_eager_task_names_its_coroutine_and_shows_its_stack() -> None:
+    event = asyncio.Event()
+
+    async def waiting_for_the_event() -> None:
+        await event.wait()
+
+    task = start_now(waiting_for_the_event(), name="eager")  # waiting at once
+    shown, stack = repr(task), task.get_stack()
+    event.set()
+    await task
+    assert "waiting_for_the_event" in shown, shown
+    assert [frame.f_code.co_name for frame in stack] == ["waiting_for_the_event"]

@@ -58,6 +58,10 @@ class _TakenUp(Coroutine[Any, Any, T]):
 
     def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
         self._coro = coro
+        # the coroutine's own names, so that the task's repr and a report of a task
+        # destroyed while pending name the coroutine, not this wrapper
+        self.__name__ = getattr(coro, "__name__", type(coro).__name__)
+        self.__qualname__ = getattr(coro, "__qualname__", self.__name__)
         self._first_step = True
         """The task has not stepped yet: the first part's suspension is still to hand on."""
         self._yielded: Any = None
@@ -106,6 +110,23 @@ class _TakenUp(Coroutine[Any, Any, T]):
 
     def close(self) -> None:
         self._coro.close()
+
+    @property
+    def cr_frame(self) -> Any:
+        """The coroutine's frame (``Task.get_stack``, the task's repr)."""
+        return getattr(self._coro, "cr_frame", None)
+
+    @property
+    def cr_code(self) -> Any:
+        return getattr(self._coro, "cr_code", None)
+
+    @property
+    def cr_running(self) -> bool:
+        return bool(getattr(self._coro, "cr_running", False))
+
+    @property
+    def cr_await(self) -> Any:
+        return getattr(self._coro, "cr_await", None)
 
     def __await__(self) -> Generator[Any, None, T]:  # pragma: no cover - only a task drives it
         raise TypeError("a coroutine taken up by its task is awaited through the task")
