@@ -435,8 +435,8 @@ class JetStreamEventLog:
             ]
             for unsettled in abandoned:
                 unsettled.cancel()  # an error left them behind; settled ones are unaffected
-            # nobody waits for their PubAcks now: a lone append after them is lone again
-            self._mux.forget(abandoned)
+            if abandoned:  # nobody waits for their PubAcks now: a lone append is lone again
+                self._mux.forget(abandoned)
         return seqs
 
     async def _settle(
