@@ -127,13 +127,7 @@ class Counted:
                 return taken
 
             async def ack_many(self, deliveries: list[Any]) -> None:
-                # as the service's own subscription acks a batch (one write), not one by one
-                ack_many = getattr(inner, "ack_many", None)
-                if ack_many is not None:
-                    await ack_many(deliveries)
-                else:
-                    for delivery in deliveries:
-                        await delivery.ack()
+                await inner.ack_many(deliveries)  # one write, as the service's own
 
             async def aclose(self) -> None:
                 await inner.aclose()

@@ -15,8 +15,8 @@ import contextlib
 import uuid
 from datetime import UTC, datetime
 
-import nats
 import pytest
+from log_streams import delete_stream, unique_stream
 
 from gpupool.eventlog import JetStreamEventLog
 from gpupool.eventlog.archive import StreamOperator
@@ -34,9 +34,11 @@ INSTANCE = "aq-1"
 WAIT_S = 30.0
 
 
-def unique_stream() -> tuple[str, str]:
-    token = uuid.uuid4().hex[:12]
-    return f"TEST_{token}", f"test_{token}.log"
+async def connected(nats_url: str, stream: str, prefix: str) -> JetStreamEventLog:
+    """A log of the instance, as the service connects it (its claimant set)."""
+    return await JetStreamEventLog.connect(
+        nats_url, stream=stream, subject_prefix=prefix, claimant=INSTANCE
+    )
 
 
 def wrap(event: Event, name: str) -> Envelope:
@@ -92,9 +94,7 @@ async def test_a_service_restarted_from_zero_behind_its_durable_is_delivered_onl
     stream, prefix = unique_stream()
 
     async def connect() -> JetStreamEventLog:
-        return await JetStreamEventLog.connect(
-            nats_url, stream=stream, subject_prefix=prefix, claimant=INSTANCE
-        )
+        return await connected(nats_url, stream, prefix)
 
     writer = await connect()
     try:
@@ -129,20 +129,14 @@ async def test_a_service_restarted_from_zero_behind_its_durable_is_delivered_onl
             await operator.close()
     finally:
         await writer.close()
-        nc = await nats.connect(nats_url)
-        try:
-            await nc.jetstream().delete_stream(stream)
-        finally:
-            await nc.close()
+        await delete_stream(nats_url, stream)
 
 
 async def test_a_caught_up_durable_of_a_quiet_node_is_resumed_not_replaced(nats_url: str) -> None:
     stream, prefix = unique_stream()
 
     async def connect() -> JetStreamEventLog:
-        return await JetStreamEventLog.connect(
-            nats_url, stream=stream, subject_prefix=prefix, claimant=INSTANCE
-        )
+        return await connected(nats_url, stream, prefix)
 
     writer = await connect()
     try:
@@ -170,8 +164,4 @@ async def test_a_caught_up_durable_of_a_quiet_node_is_resumed_not_replaced(nats_
         assert durable == caught_up  # resumed: nothing of it lags, no second slot taken
     finally:
         await writer.close()
-        nc = await nats.connect(nats_url)
-        try:
-            await nc.jetstream().delete_stream(stream)
-        finally:
-            await nc.close()
+        await delete_stream(nats_url, stream)

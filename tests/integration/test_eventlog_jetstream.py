@@ -191,6 +191,18 @@ async def take_all(subscription: Any, count: int) -> list[Any]:
     return taken
 
 
+async def acked_up_to(log: JetStreamEventLog, durable: str, seq: int) -> Any:
+    """The durable's info once the server's ack floor reached ``seq``: acks are
+    fire-and-forget and the server folds them on its own time, so its state is asked
+    again (every 50 ms, within WAIT_S) until it holds."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            info = await log._consumer_info(durable)
+            if info.ack_floor is not None and info.ack_floor.stream_seq == seq:
+                return info
+            await asyncio.sleep(0.05)
+
+
 async def test_a_batch_acked_in_one_write_is_acknowledged_entry_by_entry(
     jetstream_log: JetStreamEventLog,
 ) -> None:
@@ -201,12 +213,7 @@ async def test_a_batch_acked_in_one_write_is_acknowledged_entry_by_entry(
     await taken[1].ack()  # acked before: not acked twice
     await subscription.ack_many(taken)
     await subscription.aclose()  # would nak anything still held
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            info = await jetstream_log._consumer_info(subscription.durable)
-            if info.ack_floor is not None and info.ack_floor.stream_seq == seqs[-1]:
-                break
-            await asyncio.sleep(0.05)
+    info = await acked_up_to(jetstream_log, subscription.durable, seqs[-1])
     assert info.num_ack_pending == 0
     later = await jetstream_log.append(wrap(ready("n", "later")))
     again = jetstream_log.subscribe(durable="batch-acked")
@@ -240,12 +247,7 @@ async def test_a_batch_whose_ack_write_fails_stays_unacked_and_is_acked_later(
         assert sorted(d.seq for d in subscription._unacked.values()) == seqs
         await subscription.ack_many(taken)
         assert subscription._unacked == {}
-        async with asyncio.timeout(WAIT_S):
-            while True:
-                info = await jetstream_log._consumer_info(subscription.durable)
-                if info.ack_floor is not None and info.ack_floor.stream_seq == seqs[-1]:
-                    break
-                await asyncio.sleep(0.05)
+        await acked_up_to(jetstream_log, subscription.durable, seqs[-1])
     finally:
         await subscription.aclose()
 

@@ -161,19 +161,6 @@ def last_entry_per_node(entries: list[StoredEvent]) -> dict[str, Envelope]:
     return touched
 
 
-async def ack_all(subscription: Subscription, deliveries: list[Delivery]) -> None:
-    """Ack a batch of the subscription's deliveries in order: in one write where the
-    subscription can (``ack_many``: the same ack frames, queued together), else one by one."""
-    ack_many: Callable[[list[Delivery]], Awaitable[None]] | None = getattr(
-        subscription, "ack_many", None
-    )
-    if ack_many is not None:
-        await ack_many(deliveries)
-        return
-    for delivery in deliveries:
-        await delivery.ack()
-
-
 class DeciderLoop:
     def __init__(
         self,
@@ -321,8 +308,8 @@ class DeciderLoop:
             projection.pass_below(entry.seq)
         if type(entry) is StoredEvent:
             subject = entry.subject
-            writer = self._writers.get(subject)
-            if writer is None:
+            writer = self._writers.get(subject, _UNSEEN_SUBJECT)
+            if writer is _UNSEEN_SUBJECT:
                 writer = self._writer_of(subject)
             new = projection.apply(
                 entry.seq, entry.envelope, index=entry.index, last=entry.last, writer=writer
@@ -664,7 +651,7 @@ class DeciderLoop:
                     folded, self._batch_folded = self._batch_folded, asyncio.Event()
                     folded.set()
                     if ack_before_reacting:
-                        await ack_all(subscription, deliveries)
+                        await subscription.ack_many(deliveries)
                         self._unacked_held = len(self._taken)
                     else:
                         self._unacked_held = len(deliveries) + len(self._taken)
@@ -675,7 +662,7 @@ class DeciderLoop:
                             for entry in reactions:
                                 await react(entry)
                     if not ack_before_reacting:
-                        await ack_all(subscription, deliveries)
+                        await subscription.ack_many(deliveries)
                         self._unacked_held = len(self._taken)
                     async with self._consumer_lock:
                         # what a conflict's catch-up took from the consumer meanwhile
