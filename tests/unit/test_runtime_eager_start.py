@@ -155,9 +155,34 @@ async def test_a_coroutine_that_ended_in_its_first_part_keeps_its_result_when_ca
         return 7
 
     task = start_now(quick())
-    task.cancel()  # it had already finished: its result stands
 
+    assert task.cancel() is False  # it had already finished: its result stands
     assert await task == 7
+
+
+async def test_a_coroutine_that_failed_in_its_first_part_keeps_its_error_when_cancelled() -> None:
+    async def broken() -> None:
+        raise OSError("no connection")
+
+    task = start_now(broken())
+
+    assert task.cancel() is False
+    with pytest.raises(OSError, match="no connection"):
+        await task
+
+
+async def test_a_task_waiting_after_its_first_part_is_cancelled_as_any_task() -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def waits() -> None:
+        await gate
+
+    task = start_now(waits())
+
+    assert task.cancel() is True
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gate.cancelled()
 
 
 async def test_the_first_part_runs_as_the_new_task_not_as_the_caller() -> None:

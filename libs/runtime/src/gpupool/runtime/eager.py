@@ -15,7 +15,9 @@ there (:class:`_TakenUp`): its first step hands the task what the first part wai
 or, when the task was cancelled before that step, throws the CancelledError into the
 coroutine where it waits (cancelling the future it waits for), as for any task waiting
 there. A coroutine that ended within its first part keeps its outcome, as with 3.12's
-eager start (there the task is done at once and a cancel does nothing).
+eager start (there the task is done at once and a cancel does nothing): its task's
+``cancel()`` does nothing and answers False (:class:`_EagerTask`), though ``done()`` turns
+True only at the task's first step, on the next turn of the loop.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def start_now(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> async
     # the task's own copy of the context, as create_task makes one: the first part runs in
     # it too, so a context variable it sets is the task's, never the caller's
     context = contextvars.copy_context()
-    task = loop.create_task(taken_up, name=name, context=context)
+    task = _EagerTask(taken_up, loop=loop, name=name, context=context)
     caller = asyncio.current_task(loop)
     if caller is not None:
         asyncio.tasks._leave_task(loop, caller)
@@ -50,6 +52,27 @@ def start_now(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> async
         if caller is not None:
             asyncio.tasks._enter_task(loop, caller)
     return task
+
+
+class _EagerTask(asyncio.Task[T]):
+    """The 3.11 task of a coroutine taken up: cancelling it once the coroutine ended within
+    its first part does nothing and answers False, as cancelling a finished task does."""
+
+    def __init__(
+        self,
+        coro: _TakenUp[T],
+        *,
+        loop: asyncio.AbstractEventLoop,
+        name: str | None,
+        context: contextvars.Context,
+    ) -> None:
+        super().__init__(coro, loop=loop, name=name, context=context)
+        self._taken_up = coro
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self._taken_up.ended_in_first_part:
+            return False
+        return super().cancel(msg)
 
 
 class _TakenUp(Coroutine[Any, Any, T]):
@@ -67,14 +90,22 @@ class _TakenUp(Coroutine[Any, Any, T]):
         self._yielded: Any = None
         self._outcome: tuple[bool, Any] | None = None
         """(finished, its value) or (raised, the error): it ended within the first part."""
+        self._ended_early = False
 
     def run_first_part(self) -> None:
         try:
             self._yielded = self._coro.send(None)
         except StopIteration as stop:
             self._outcome = (True, stop.value)
+            self._ended_early = True
         except BaseException as error:  # the task's outcome, whatever it is
             self._outcome = (False, error)
+            self._ended_early = True
+
+    @property
+    def ended_in_first_part(self) -> bool:
+        """The coroutine ended (returned or raised) within the first part."""
+        return self._ended_early
 
     def _ended(self) -> Any:
         """The first part's outcome, as the task's first step."""
