@@ -41,6 +41,7 @@ def start_now(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> async
     # it too, so a context variable it sets is the task's, never the caller's
     context = contextvars.copy_context()
     task = _EagerTask(taken_up, loop=loop, name=name, context=context)
+    task._taken_up = taken_up
     caller = asyncio.current_task(loop)
     if caller is not None:
         asyncio.tasks._leave_task(loop, caller)
@@ -58,16 +59,7 @@ class _EagerTask(asyncio.Task[T]):
     """The 3.11 task of a coroutine taken up: cancelling it once the coroutine ended within
     its first part does nothing and answers False, as cancelling a finished task does."""
 
-    def __init__(
-        self,
-        coro: _TakenUp[T],
-        *,
-        loop: asyncio.AbstractEventLoop,
-        name: str | None,
-        context: contextvars.Context,
-    ) -> None:
-        super().__init__(coro, loop=loop, name=name, context=context)
-        self._taken_up = coro
+    _taken_up: _TakenUp[T]  # set by start_now (no __init__ of its own on the hot path)
 
     def cancel(self, msg: Any | None = None) -> bool:
         if self._taken_up.ended_in_first_part:
