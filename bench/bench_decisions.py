@@ -10,8 +10,12 @@ connection, as the services run):
 
 * latency: a node-executor makes a pod ready (``RequestGpu`` -> PodReady appended);
   the admission-queue, following the log, decides and appends the Assigned; an
-  observer (an ordered consumer) times the Assigned's arrival. From PodReady stored
-  (its append acknowledged) to Assigned stored (arrived at the observer). Baseline:
+  observer (an ordered consumer of the whole log) times the arrivals of both. From
+  PodReady stored to Assigned stored: both arrivals at the observer, one path for both
+  (store -> store, whatever order this process takes its sockets in; a second row
+  times it from the PodReady's PubAck in this process, as the row did before 2026-12-02
+  #12, which reads low once the decision runs before this process takes the PubAck:
+  docs/benchmarks.md, "Deciding in the reader's step"). Baseline:
   one raw JetStream publish -> arrival at an ordered consumer of the same kind, same
   server, one before each pod (interleaved), both samples started from an idle loop.
   The observers run in another process (``--observer process``, the default: neither
@@ -225,10 +229,12 @@ async def main(url, raw_subject, raw_stream, log_filter, log_stream):
 
     async def on_log(msg):
         now = time.perf_counter()
-        if b'"Assigned"' in msg.data:
-            match = NAME.search(msg.data)
+        data = msg.data
+        kind = "assigned" if b'"Assigned"' in data else "ready" if b'"PodReady"' in data else ""
+        if kind:
+            match = NAME.search(data)
             if match:
-                out.write(f"assigned {match.group(1).decode()} {now!r}\n")
+                out.write(f"{kind} {match.group(1).decode()} {now!r}\n")
                 out.flush()
 
     await js.subscribe(raw_subject, stream=raw_stream, cb=on_raw, ordered_consumer=True)
@@ -265,7 +271,7 @@ class Observer:
             url,
             raw_subject,
             raw_stream,
-            f"{log.subject_prefix}.*.admission-queue",
+            f"{log.subject_prefix}.>",
             log.stream,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -471,8 +477,11 @@ async def latency(
     observer_process: bool = True,
     stamps: Stamps | None = None,
     pause_s: float = QUIET_S,
-) -> tuple[list[float], list[float]]:
-    """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node; and the raw
+) -> tuple[list[float], list[float], list[float]]:
+    """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node, both arrivals
+    at the observer's ordered consumer of the whole log (one path for both: store -> store,
+    whatever order this process's loop takes its sockets in); the same from the PodReady's
+    PubAck in this process (the row before the observer saw PodReady); and the raw
     baseline, publish -> arrival, one round trip before each pod (interleaved: the same
     moments of the machine's load, the same loop with the services' consumers idle on it).
 
@@ -507,12 +516,19 @@ async def latency(
             arrived("raw", msg.data.decode())
 
         async def on_log(msg: Msg) -> None:
-            if b'"Assigned"' in msg.data and (match := name.search(msg.data)):
-                arrived("assigned", match.group(1).decode())
+            kind = (
+                "assigned"
+                if b'"Assigned"' in msg.data
+                else "ready"
+                if b'"PodReady"' in msg.data
+                else ""
+            )
+            if kind and (match := name.search(msg.data)):
+                arrived(kind, match.group(1).decode())
 
         await js.subscribe(raw_subject, stream=raw_stream, cb=on_raw, ordered_consumer=True)
         await js.subscribe(
-            f"{setup.subject_prefix}.*.admission-queue",
+            f"{setup.subject_prefix}.>",
             stream=setup.stream,
             cb=on_log,
             ordered_consumer=True,
@@ -527,6 +543,7 @@ async def latency(
     if stamps is not None:
         stamps.instrument(executor_log, admission_log, service)
     samples: list[float] = []
+    acked: list[float] = []
     raw: list[float] = []
     async with AsyncExitStack() as stack:
         await service.start(admission, stack)
@@ -560,7 +577,9 @@ async def latency(
             stored = time.perf_counter()
             if stamps is not None:
                 stamps("stored")
-            samples.append(await observer.wait("assigned", pod.name) - stored)
+            assigned = await observer.wait("assigned", pod.name)
+            samples.append(assigned - await observer.wait("ready", pod.name))
+            acked.append(assigned - stored)
             # the executor folds the Assigned before it releases the pod
             while executor.projection.state.pods[pod].phase != "running":
                 folded.clear()
@@ -577,7 +596,7 @@ async def latency(
     if observer_process:
         await observer.stop()
     await nc.close()
-    return samples, raw
+    return samples, acked, raw
 
 
 async def consume(loop: DeciderLoop, service: AdmissionQueue) -> None:
@@ -586,12 +605,20 @@ async def consume(loop: DeciderLoop, service: AdmissionQueue) -> None:
         await loop.consume("bench-aq", service.react)
     elif not hasattr(service, "ack_before_reacting"):  # before acks left the decision path
         await loop.consume("bench-aq", service.react, react_batch=batch)
+    elif not hasattr(service, "react_on_arrival"):  # before batches were taken in the reader
+        await loop.consume(
+            "bench-aq",
+            service.react,
+            react_batch=batch,
+            ack_before_reacting=service.ack_before_reacting,
+        )
     else:
         await loop.consume(
             "bench-aq",
             service.react,
             react_batch=batch,
             ack_before_reacting=service.ack_before_reacting,
+            react_on_arrival=service.react_on_arrival,
         )
 
 
@@ -956,7 +983,7 @@ async def main_with_nats(
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         async with run_nats_server(Path(tmp)) as url:
             server = Server(url)
-            samples, baseline = await latency(
+            samples, acked, baseline = await latency(
                 server,
                 latency_rounds,
                 observer_process=observer_process,
@@ -988,6 +1015,13 @@ async def main_with_nats(
         f"{where}) | {lat50 * ms:.2f} / {lat99 * ms:.2f} ms | publish -> consume, interleaved "
         f"{raw50 * ms:.2f} / {raw99 * ms:.2f} ms | {lat50 / raw50:.2f}x / {lat99 / raw99:.2f}x | "
         "p50 <= 1.5x, p99 <= 2x |"
+    )
+    ack50, ack99 = percentile(acked, 0.5), percentile(acked, 0.99)
+    print(
+        f"| ... from the PodReady's PubAck in this process (the row before 2026-12-02 #12; "
+        f"reads low where the decision runs before this process takes the PubAck) | "
+        f"{ack50 * ms:.2f} / {ack99 * ms:.2f} ms | the same | "
+        f"{ack50 / raw50:.2f}x / {ack99 / raw99:.2f}x | |"
     )
     if latency_only:
         return
