@@ -217,6 +217,10 @@ import nats
 
 NAME = re.compile(rb'"name":"([^"]+)"')
 
+def stored_ns(reply):
+    tokens = reply.split(".")  # $JS.ACK.<stream>.<consumer>.<n>.<sseq>.<cseq>.<ts>.<pending>
+    return tokens[7] if len(tokens) == 9 else tokens[9]  # or the domain's layout
+
 async def main(url, raw_subject, raw_stream, log_filter, log_stream):
     nc = await nats.connect(url)
     js = nc.jetstream()
@@ -234,7 +238,7 @@ async def main(url, raw_subject, raw_stream, log_filter, log_stream):
         if kind:
             match = NAME.search(data)
             if match:
-                out.write(f"{kind} {match.group(1).decode()} {now!r}\n")
+                out.write(f"{kind} {match.group(1).decode()} {now!r} {stored_ns(msg.reply)}\n")
                 out.flush()
 
     await js.subscribe(raw_subject, stream=raw_stream, cb=on_raw, ordered_consumer=True)
@@ -258,6 +262,8 @@ class Observer:
     def __init__(self) -> None:
         self.process: asyncio.subprocess.Process | None = None
         self.arrived: dict[tuple[str, str], float] = {}
+        self.stored_ns: dict[tuple[str, str], int] = {}
+        """The log's entries by key: the server's store time (the delivery's reply subject)."""
         self.changed = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
 
@@ -283,8 +289,10 @@ class Observer:
     async def _read(self) -> None:
         assert self.process is not None and self.process.stdout is not None
         async for line in self.process.stdout:
-            kind, key, when = line.decode().split()
+            kind, key, when, *stored = line.decode().split()
             self.arrived[(kind, key)] = float(when)
+            if stored:
+                self.stored_ns[(kind, key)] = int(stored[0])
             self.changed.set()
 
     async def wait(self, kind: str, key: str) -> float:
@@ -477,7 +485,7 @@ async def latency(
     observer_process: bool = True,
     stamps: Stamps | None = None,
     pause_s: float = QUIET_S,
-) -> tuple[list[float], list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float], list[float]]:
     """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node, both arrivals
     at the observer's ordered consumer of the whole log (one path for both: store -> store,
     whatever order this process's loop takes its sockets in); the same from the PodReady's
@@ -508,8 +516,11 @@ async def latency(
     else:
         name = re.compile(rb'"name":"([^"]+)"')
 
-        def arrived(kind: str, key: str) -> None:
+        def arrived(kind: str, key: str, reply: str = "") -> None:
             observer.arrived[(kind, key)] = time.perf_counter()
+            if reply:
+                tokens = reply.split(".")
+                observer.stored_ns[(kind, key)] = int(tokens[7 if len(tokens) == 9 else 9])
             observer.changed.set()
 
         async def on_raw(msg: Msg) -> None:
@@ -524,7 +535,7 @@ async def latency(
                 else ""
             )
             if kind and (match := name.search(msg.data)):
-                arrived(kind, match.group(1).decode())
+                arrived(kind, match.group(1).decode(), msg.reply)
 
         await js.subscribe(raw_subject, stream=raw_stream, cb=on_raw, ordered_consumer=True)
         await js.subscribe(
@@ -543,6 +554,7 @@ async def latency(
     if stamps is not None:
         stamps.instrument(executor_log, admission_log, service)
     samples: list[float] = []
+    arrivals: list[float] = []
     acked: list[float] = []
     raw: list[float] = []
     async with AsyncExitStack() as stack:
@@ -578,8 +590,10 @@ async def latency(
             if stamps is not None:
                 stamps("stored")
             assigned = await observer.wait("assigned", pod.name)
-            samples.append(assigned - await observer.wait("ready", pod.name))
+            arrivals.append(assigned - await observer.wait("ready", pod.name))
             acked.append(assigned - stored)
+            store_ns = observer.stored_ns
+            samples.append((store_ns[("assigned", pod.name)] - store_ns[("ready", pod.name)]) / 1e9)
             # the executor folds the Assigned before it releases the pod
             while executor.projection.state.pods[pod].phase != "running":
                 folded.clear()
@@ -596,7 +610,7 @@ async def latency(
     if observer_process:
         await observer.stop()
     await nc.close()
-    return samples, acked, raw
+    return samples, arrivals, acked, raw
 
 
 async def consume(loop: DeciderLoop, service: AdmissionQueue) -> None:
@@ -983,7 +997,7 @@ async def main_with_nats(
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         async with run_nats_server(Path(tmp)) as url:
             server = Server(url)
-            samples, acked, baseline = await latency(
+            samples, arrivals, acked, baseline = await latency(
                 server,
                 latency_rounds,
                 observer_process=observer_process,
@@ -1011,10 +1025,17 @@ async def main_with_nats(
     print("| row | figure | raw baseline (same run) | ratio | goal |")
     print("|---|---|---|---|---|")
     print(
-        f"| PodReady stored -> Assigned stored, p50 / p99 ({len(samples)} pods; observer in "
-        f"{where}) | {lat50 * ms:.2f} / {lat99 * ms:.2f} ms | publish -> consume, interleaved "
+        f"| PodReady stored -> Assigned stored (the server's store times), p50 / p99 "
+        f"({len(samples)} pods; observer in {where}) | {lat50 * ms:.2f} / {lat99 * ms:.2f} ms | publish -> consume, interleaved "
         f"{raw50 * ms:.2f} / {raw99 * ms:.2f} ms | {lat50 / raw50:.2f}x / {lat99 / raw99:.2f}x | "
         "p50 <= 1.5x, p99 <= 2x |"
+    )
+    arr50, arr99 = percentile(arrivals, 0.5), percentile(arrivals, 0.99)
+    print(
+        f"| ... both arrivals at the observer (its wake-up for the PodReady, which the "
+        f"decision's process and the server contend with, reads it low) | "
+        f"{arr50 * ms:.2f} / {arr99 * ms:.2f} ms | the same | "
+        f"{arr50 / raw50:.2f}x / {arr99 / raw99:.2f}x | |"
     )
     ack50, ack99 = percentile(acked, 0.5), percentile(acked, 0.99)
     print(
