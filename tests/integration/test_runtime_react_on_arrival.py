@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from log_streams import delete_stream, unique_stream
 
+import gpupool.eventlog.jetstream as jetstream
 import gpupool.runtime.decider as decider
 from gpupool.eventlog import JetStreamEventLog
 from gpupool.eventlog.port import StoredEvent
@@ -224,5 +225,32 @@ async def test_bursts_reacted_to_on_arrival_keep_the_log_order_and_the_batch_bou
             assert all(len(batch) <= 8 for batch in batches)
             assert notes  # some reactions waited
             await acked_up_to(log, await log.last_seq())
+        finally:
+            await stopped(consumer)
+
+
+async def test_a_pull_used_up_by_batches_reacted_to_on_arrival_is_renewed(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each pull asks for 3: the reader's batches take a pull's last delivery, and the
+    # iterator (still waiting) must ask again, else the rest never comes
+    monkeypatch.setattr(jetstream, "PULL_BATCH", 3)
+    async with logs(nats_url) as (log, writer):
+        loop = DeciderLoop(log, service="admission-queue")
+        reacted: list[int] = []
+        changed = asyncio.Event()
+
+        async def react_batch(entries: list[StoredEvent]) -> None:
+            reacted.extend(entry.seq for entry in entries)
+            changed.set()
+
+        consumer = await started(loop, react_batch)
+        try:
+            seqs = [await writer.append(note(f"written {i}")) for i in range(15)]
+            async with asyncio.timeout(WAIT_S):
+                while reacted != seqs:
+                    changed.clear()
+                    await changed.wait()
+            await acked_up_to(log, seqs[-1])
         finally:
             await stopped(consumer)
