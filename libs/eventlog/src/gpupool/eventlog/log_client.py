@@ -253,8 +253,10 @@ class LogClient(Client):
 
     def after_read(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` in the reader's step once the data it read is cut into frames
-        (every sink of that data has run), before the reader reads again; called from a
-        sink. Outside a parse (no sink is): on the next turn of the loop.
+        (every sink of that data has run); called from a sink. While asyncio's buffer
+        holds more bytes, after the parse of those (the reader reads them within the same
+        step), or at the turn's end if the reader stops first. Outside a parse (no sink
+        is): on the next turn of the loop.
 
         The callback runs in the reader task's step, after its parse loop: it may call
         what the sinks' owners do with their deliveries (fold, decide, write frames), but
