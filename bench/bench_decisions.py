@@ -10,8 +10,12 @@ connection, as the services run):
 
 * latency: a node-executor makes a pod ready (``RequestGpu`` -> PodReady appended);
   the admission-queue, following the log, decides and appends the Assigned; an
-  observer (an ordered consumer) times the Assigned's arrival. From PodReady stored
-  (its append acknowledged) to Assigned stored (arrived at the observer). Baseline:
+  observer (an ordered consumer of the whole log) times the arrivals of both. From
+  PodReady stored to Assigned stored: both arrivals at the observer, one path for both
+  (store -> store, whatever order this process takes its sockets in; a second row
+  times it from the PodReady's PubAck in this process, as the row did before 2026-12-02
+  #12, which reads low once the decision runs before this process takes the PubAck:
+  docs/benchmarks.md, "Deciding in the reader's step"). Baseline:
   one raw JetStream publish -> arrival at an ordered consumer of the same kind, same
   server, one before each pod (interleaved), both samples started from an idle loop.
   The observers run in another process (``--observer process``, the default: neither
@@ -213,6 +217,10 @@ import nats
 
 NAME = re.compile(rb'"name":"([^"]+)"')
 
+def stored_ns(reply):
+    tokens = reply.split(".")  # $JS.ACK.<stream>.<consumer>.<n>.<sseq>.<cseq>.<ts>.<pending>
+    return tokens[7] if len(tokens) == 9 else tokens[9]  # or the domain's layout
+
 async def main(url, raw_subject, raw_stream, log_filter, log_stream):
     nc = await nats.connect(url)
     js = nc.jetstream()
@@ -225,10 +233,12 @@ async def main(url, raw_subject, raw_stream, log_filter, log_stream):
 
     async def on_log(msg):
         now = time.perf_counter()
-        if b'"Assigned"' in msg.data:
-            match = NAME.search(msg.data)
+        data = msg.data
+        kind = "assigned" if b'"Assigned"' in data else "ready" if b'"PodReady"' in data else ""
+        if kind:
+            match = NAME.search(data)
             if match:
-                out.write(f"assigned {match.group(1).decode()} {now!r}\n")
+                out.write(f"{kind} {match.group(1).decode()} {now!r} {stored_ns(msg.reply)}\n")
                 out.flush()
 
     await js.subscribe(raw_subject, stream=raw_stream, cb=on_raw, ordered_consumer=True)
@@ -252,6 +262,8 @@ class Observer:
     def __init__(self) -> None:
         self.process: asyncio.subprocess.Process | None = None
         self.arrived: dict[tuple[str, str], float] = {}
+        self.stored_ns: dict[tuple[str, str], int] = {}
+        """The log's entries by key: the server's store time (the delivery's reply subject)."""
         self.changed = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
 
@@ -265,7 +277,7 @@ class Observer:
             url,
             raw_subject,
             raw_stream,
-            f"{log.subject_prefix}.*.admission-queue",
+            f"{log.subject_prefix}.>",
             log.stream,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -277,8 +289,10 @@ class Observer:
     async def _read(self) -> None:
         assert self.process is not None and self.process.stdout is not None
         async for line in self.process.stdout:
-            kind, key, when = line.decode().split()
+            kind, key, when, *stored = line.decode().split()
             self.arrived[(kind, key)] = float(when)
+            if stored:
+                self.stored_ns[(kind, key)] = int(stored[0])
             self.changed.set()
 
     async def wait(self, kind: str, key: str) -> float:
@@ -471,8 +485,11 @@ async def latency(
     observer_process: bool = True,
     stamps: Stamps | None = None,
     pause_s: float = QUIET_S,
-) -> tuple[list[float], list[float]]:
-    """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node; and the raw
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node, both arrivals
+    at the observer's ordered consumer of the whole log (one path for both: store -> store,
+    whatever order this process's loop takes its sockets in); the same from the PodReady's
+    PubAck in this process (the row before the observer saw PodReady); and the raw
     baseline, publish -> arrival, one round trip before each pod (interleaved: the same
     moments of the machine's load, the same loop with the services' consumers idle on it).
 
@@ -499,20 +516,30 @@ async def latency(
     else:
         name = re.compile(rb'"name":"([^"]+)"')
 
-        def arrived(kind: str, key: str) -> None:
+        def arrived(kind: str, key: str, reply: str = "") -> None:
             observer.arrived[(kind, key)] = time.perf_counter()
+            if reply:
+                tokens = reply.split(".")
+                observer.stored_ns[(kind, key)] = int(tokens[7 if len(tokens) == 9 else 9])
             observer.changed.set()
 
         async def on_raw(msg: Msg) -> None:
             arrived("raw", msg.data.decode())
 
         async def on_log(msg: Msg) -> None:
-            if b'"Assigned"' in msg.data and (match := name.search(msg.data)):
-                arrived("assigned", match.group(1).decode())
+            kind = (
+                "assigned"
+                if b'"Assigned"' in msg.data
+                else "ready"
+                if b'"PodReady"' in msg.data
+                else ""
+            )
+            if kind and (match := name.search(msg.data)):
+                arrived(kind, match.group(1).decode(), msg.reply)
 
         await js.subscribe(raw_subject, stream=raw_stream, cb=on_raw, ordered_consumer=True)
         await js.subscribe(
-            f"{setup.subject_prefix}.*.admission-queue",
+            f"{setup.subject_prefix}.>",
             stream=setup.stream,
             cb=on_log,
             ordered_consumer=True,
@@ -527,6 +554,8 @@ async def latency(
     if stamps is not None:
         stamps.instrument(executor_log, admission_log, service)
     samples: list[float] = []
+    arrivals: list[float] = []
+    acked: list[float] = []
     raw: list[float] = []
     async with AsyncExitStack() as stack:
         await service.start(admission, stack)
@@ -560,7 +589,11 @@ async def latency(
             stored = time.perf_counter()
             if stamps is not None:
                 stamps("stored")
-            samples.append(await observer.wait("assigned", pod.name) - stored)
+            assigned = await observer.wait("assigned", pod.name)
+            arrivals.append(assigned - await observer.wait("ready", pod.name))
+            acked.append(assigned - stored)
+            store_ns = observer.stored_ns
+            samples.append((store_ns[("assigned", pod.name)] - store_ns[("ready", pod.name)]) / 1e9)
             # the executor folds the Assigned before it releases the pod
             while executor.projection.state.pods[pod].phase != "running":
                 folded.clear()
@@ -577,7 +610,7 @@ async def latency(
     if observer_process:
         await observer.stop()
     await nc.close()
-    return samples, raw
+    return samples, arrivals, acked, raw
 
 
 async def consume(loop: DeciderLoop, service: AdmissionQueue) -> None:
@@ -586,12 +619,20 @@ async def consume(loop: DeciderLoop, service: AdmissionQueue) -> None:
         await loop.consume("bench-aq", service.react)
     elif not hasattr(service, "ack_before_reacting"):  # before acks left the decision path
         await loop.consume("bench-aq", service.react, react_batch=batch)
+    elif not hasattr(service, "react_on_arrival"):  # before batches were taken in the reader
+        await loop.consume(
+            "bench-aq",
+            service.react,
+            react_batch=batch,
+            ack_before_reacting=service.ack_before_reacting,
+        )
     else:
         await loop.consume(
             "bench-aq",
             service.react,
             react_batch=batch,
             ack_before_reacting=service.ack_before_reacting,
+            react_on_arrival=service.react_on_arrival,
         )
 
 
@@ -956,7 +997,7 @@ async def main_with_nats(
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as tmp:
         async with run_nats_server(Path(tmp)) as url:
             server = Server(url)
-            samples, baseline = await latency(
+            samples, arrivals, acked, baseline = await latency(
                 server,
                 latency_rounds,
                 observer_process=observer_process,
@@ -984,10 +1025,24 @@ async def main_with_nats(
     print("| row | figure | raw baseline (same run) | ratio | goal |")
     print("|---|---|---|---|---|")
     print(
-        f"| PodReady stored -> Assigned stored, p50 / p99 ({len(samples)} pods; observer in "
-        f"{where}) | {lat50 * ms:.2f} / {lat99 * ms:.2f} ms | publish -> consume, interleaved "
+        f"| PodReady stored -> Assigned stored (the server's store times), p50 / p99 "
+        f"({len(samples)} pods; observer in {where}) | {lat50 * ms:.2f} / {lat99 * ms:.2f} ms | publish -> consume, interleaved "
         f"{raw50 * ms:.2f} / {raw99 * ms:.2f} ms | {lat50 / raw50:.2f}x / {lat99 / raw99:.2f}x | "
         "p50 <= 1.5x, p99 <= 2x |"
+    )
+    arr50, arr99 = percentile(arrivals, 0.5), percentile(arrivals, 0.99)
+    print(
+        f"| ... both arrivals at the observer (its wake-up for the PodReady, which the "
+        f"decision's process and the server contend with, reads it low) | "
+        f"{arr50 * ms:.2f} / {arr99 * ms:.2f} ms | the same | "
+        f"{arr50 / raw50:.2f}x / {arr99 / raw99:.2f}x | |"
+    )
+    ack50, ack99 = percentile(acked, 0.5), percentile(acked, 0.99)
+    print(
+        f"| ... from the PodReady's PubAck in this process (the row before 2026-12-02 #12; "
+        f"reads low where the decision runs before this process takes the PubAck) | "
+        f"{ack50 * ms:.2f} / {ack99 * ms:.2f} ms | the same | "
+        f"{ack50 / raw50:.2f}x / {ack99 / raw99:.2f}x | |"
     )
     if latency_only:
         return

@@ -217,6 +217,7 @@ async def test_two_admission_queue_replicas_never_double_book_under_a_burst_of_1
                         service.react,
                         react_batch=service.react_batch,
                         ack_before_reacting=service.ack_before_reacting,
+                        react_on_arrival=service.react_on_arrival,
                     )
                 )
             )

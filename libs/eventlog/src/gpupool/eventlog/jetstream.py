@@ -25,7 +25,7 @@ import collections
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -852,6 +852,12 @@ class JetStreamSubscription:
         self._last_delivered: tuple[int, int] | None = None
         """(consumer sequence, stream sequence) of the last delivery seen, if it was a first
         delivery: the proof of ``Delivery.follows`` for the next one."""
+        self._on_arrival: Callable[[], bool] | None = None
+        """``react_on_arrival``'s hook."""
+        self._waiting = False
+        """The iterator waits for the inbox (``_next_item``)."""
+        self._arrival_due = False
+        """The hook is queued to run after the reader's parse."""
 
     def _put(self, item: _Raw | str | None) -> None:
         self._inbox.append(item)
@@ -860,7 +866,31 @@ class JetStreamSubscription:
     def _on_raw(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         # The reader loop's sink (LogClient): no parsing, never raises.
         self._inbox.append((subject, reply, data, headers))
-        self._arrived.set()
+        if self._on_arrival is None or not self._waiting:
+            self._arrived.set()
+        elif not self._arrival_due:
+            self._arrival_due = True
+            self._log._nc.after_read(self._arrival)
+
+    def react_on_arrival(self, hook: Callable[[], bool] | None) -> bool:
+        """``hook`` runs in the connection's reader step, once the reader has cut what it
+        read, when deliveries arrived while the iterator waits (docs/eventlog.md, "Deciding
+        in the reader's step")."""
+        self._on_arrival = hook
+        return True
+
+    def _arrival(self) -> None:
+        """After the reader's parse: the hook takes the deliveries, or the iterator does."""
+        self._arrival_due = False
+        hook = self._on_arrival
+        taken = False
+        try:
+            taken = hook is not None and self._waiting and not self._closed and hook()
+        finally:
+            if self._requested <= 0 and not self._closed:
+                self._put(_PULL_AGAIN)  # the hook took the pull's last: the iterator asks again
+            elif not taken or self._inbox:
+                self._arrived.set()  # what the hook left (a status, the end, a batch's rest)
 
     def take_ready(self, limit: int) -> list[Delivery]:
         """Deliveries already received, at most ``limit``, without waiting (none: [])."""
@@ -975,10 +1005,14 @@ class JetStreamSubscription:
         """The inbox's next item; waits for one (raises TimeoutError after no heartbeat)."""
         while not self._inbox:
             self._arrived.clear()
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
-            # cancellation that arrives together with a message (SIGTERM under a burst).
-            async with asyncio.timeout(2 * PULL_HEARTBEAT_S + 1):
-                await self._arrived.wait()
+            self._waiting = True
+            try:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that arrives together with a message (SIGTERM under a burst).
+                async with asyncio.timeout(2 * PULL_HEARTBEAT_S + 1):
+                    await self._arrived.wait()
+            finally:
+                self._waiting = False
         return self._inbox.popleft()
 
     async def __anext__(self) -> Delivery:
@@ -1030,6 +1064,7 @@ class JetStreamSubscription:
         if self._closed:
             return
         self._closed = True
+        self._on_arrival = None
         self._log._subscriptions.discard(self)
         nc = self._log._nc
         if self._nats_subscription is not None:

@@ -24,7 +24,10 @@ buffer, in the connection's order.
 
 The sink runs inside the client's reader loop: it must not block and must not raise
 (an exception would end the reader loop); it should append to a buffer and wake a
-waiter. :func:`inline_status` reads a status message's code from the header block.
+waiter, or ask for a callback once the reader has cut everything it read
+(:meth:`LogClient.after_read`: the consumer's batch folded and reacted to within the
+reader's step, docs/eventlog.md "Deciding in the reader's step").
+:func:`inline_status` reads a status message's code from the header block.
 
 Writes: nats-py queues every frame and wakes its flusher task, which writes whatever is
 queued when its turn of the event loop comes, behind every callback already waiting
@@ -38,6 +41,7 @@ burst's frames are still coalesced by the flusher into one write).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +56,8 @@ RawSink = Callable[[bytes, bytes, bytes, bytes | None], None]
 is the raw header block (``NATS/1.0 …\\r\\n…``) or None."""
 
 _STATUS_LINE = b"NATS/1.0 "
+
+logger = logging.getLogger(__name__)
 
 
 def inline_status(headers: bytes | None) -> bytes | None:
@@ -176,13 +182,43 @@ class _FrameParser(Parser):
             del buf[:pos]
 
 
+class _ReadingParser(_FrameParser):
+    """The frame parser, then what the sinks asked to run once the data read is cut
+    (:meth:`LogClient.after_read`)."""
+
+    async def parse(self, data: bytes = b"") -> None:
+        nc = self.nc
+        nc._parsing = True
+        try:
+            await _FrameParser.parse(self, data)
+        finally:
+            nc._parsing = False
+            if nc._after_read:
+                if _more_buffered(nc):
+                    # the reader's next read returns at once, within this step: the
+                    # callbacks run after it (a burst's deliveries stay one batch); the
+                    # turn's end runs them should the reader stop before
+                    asyncio.get_running_loop().call_soon(nc._run_after_read)
+                else:
+                    nc._run_after_read()
+
+
+def _more_buffered(nc: Client) -> bool:
+    """The connection's stream reader holds bytes not read yet (asyncio's buffer)."""
+    reader = getattr(nc._transport, "_io_reader", None)
+    return bool(getattr(reader, "_buffer", None))
+
+
 class LogClient(Client):
     """A nats-py client whose raw subscriptions skip the per-message machinery."""
 
     def __init__(self) -> None:
         super().__init__()
         self._raw_sinks: dict[int, RawSink] = {}
-        self._ps = _FrameParser(self)
+        self._ps = _ReadingParser(self)
+        self._parsing = False
+        self._after_read: list[Callable[[], None]] = []
+        """Callbacks sinks queued during this parse (:meth:`after_read`)."""
         self._wrote_now = False
         """A :meth:`write_now` wrote in this turn of the event loop (reset on the next turn)."""
 
@@ -214,6 +250,30 @@ class LogClient(Client):
 
     def _next_turn(self) -> None:
         self._wrote_now = False
+
+    def after_read(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` in the reader's step once the data it read is cut into frames
+        (every sink of that data has run); called from a sink. While asyncio's buffer
+        holds more bytes, after the parse of those (the reader reads them within the same
+        step), or at the turn's end if the reader stops first. Outside a parse (no sink
+        is): on the next turn of the loop.
+
+        The callback runs in the reader task's step, after its parse loop: it may call
+        what the sinks' owners do with their deliveries (fold, decide, write frames), but
+        must not await the connection's answers there (the reader reads them); an
+        exception it raises is logged and does not reach the reader loop."""
+        if self._parsing:
+            self._after_read.append(callback)
+        else:
+            asyncio.get_running_loop().call_soon(callback)
+
+    def _run_after_read(self) -> None:
+        callbacks, self._after_read = self._after_read, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                logger.exception("a callback after reading the connection failed")
 
     async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
         """A PING queued behind the frames already waiting, so that its PONG (``flush()``)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
@@ -310,6 +310,10 @@ class MemorySubscription:
         """Ack each of ``deliveries`` in order (``JetStreamSubscription.ack_many``)."""
         for delivery in deliveries:
             await delivery.ack()
+
+    def react_on_arrival(self, hook: Callable[[], bool] | None) -> bool:
+        """Not here: an append wakes the iterator (no reader step to react within)."""
+        return False
 
     async def __aenter__(self) -> MemorySubscription:
         return self

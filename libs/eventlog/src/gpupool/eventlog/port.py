@@ -8,7 +8,7 @@ real. docs/eventlog.md describes subjects, headers, consumers and dead letters.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -132,6 +132,16 @@ class Subscription(Protocol):
     async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
         """Ack each of ``deliveries`` (this subscription's) in order, as ``ack`` would each;
         an adapter may send them together (JetStream: one write of the ack frames)."""
+        ...
+
+    def react_on_arrival(self, hook: Callable[[], bool] | None) -> bool:
+        """Call ``hook()`` within the step that received deliveries while the iterator
+        waits for them, instead of waking the iterator on a later turn of the event loop.
+
+        ``hook`` takes the deliveries with :meth:`take_ready` and returns True, or returns
+        False and the iterator is woken as without a hook; it must not raise, block or
+        await (it starts what must wait as a task). None removes it. Returns False where
+        the adapter has no such step (the iterator is woken as usual)."""
         ...
 
     async def aclose(self) -> None: ...

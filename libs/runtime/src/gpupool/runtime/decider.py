@@ -210,6 +210,11 @@ class DeciderLoop:
         """``consume(ack_before_reacting=True)``: deliveries are acked once folded."""
         self._batch_folded = asyncio.Event()
         """Set (and replaced) each time ``consume`` has folded a batch."""
+        self._batch_lock = asyncio.Lock()
+        """Held while ``consume`` folds and reacts to a batch: one batch at a time, in order."""
+        self._holding = 0
+        """Batches taken from the consumer and not done (being folded, or waiting for the
+        lock): while any, a batch arriving is left to ``consume`` (after them)."""
         self._refusals: list[Undecodable] = []
         """Envelopes the projection refused (admission_check), to record as MessageRejected."""
         self.writer: str = event_log.writer
@@ -608,6 +613,7 @@ class DeciderLoop:
         *,
         react_batch: BatchReaction | None = None,
         ack_before_reacting: bool = False,
+        react_on_arrival: bool = False,
     ) -> None:
         """Fold live entries and react to them; ack after the reactions committed.
 
@@ -623,6 +629,13 @@ class DeciderLoop:
         a crash is decided again after the restart; the acks leave the decision path
         and the server sends the next batch (and a conflict's catch-up) meanwhile.
 
+        With ``react_on_arrival`` (a service whose batch reaction starts its decisions and
+        returns without waiting for them: the pipelined admission-queue) a batch that
+        arrives while the loop waits is folded and reacted to within the step that
+        received it (``Subscription.react_on_arrival``: the connection's reader step),
+        as a task started eagerly, instead of on a later turn of the event loop; batches
+        stay one at a time, in order (docs/eventlog.md, "Deciding in the reader's step").
+
         The durable starts (or, if it lags, restarts) right after the last entry the
         rebuild folded, so a restarted service is not handed the replayed log again.
         """
@@ -631,50 +644,125 @@ class DeciderLoop:
         )
         self._subscription = subscription
         self._acks_first = ack_before_reacting
+        consumer = asyncio.current_task()
+        arrived: set[asyncio.Task[None]] = set()
+        failures: list[BaseException] = []
+
+        async def fold_and_react(deliveries: list[Delivery], *, taken_by_consume: bool) -> None:
+            self._holding += 1
+            try:
+                async with self._batch_lock:  # free unless a batch is being folded: no wait
+                    await self._consume_batch(
+                        subscription,
+                        deliveries,
+                        react,
+                        react_batch,
+                        ack_before_reacting=ack_before_reacting,
+                        taken_by_consume=taken_by_consume,
+                    )
+            finally:
+                self._holding -= 1
+
+        async def on_arrival_batch(deliveries: list[Delivery]) -> None:
+            try:
+                await fold_and_react(deliveries, taken_by_consume=False)
+            except Exception as error:
+                failures.append(error)  # consume ends with it, as with its own batch's
+                if consumer is not None:
+                    consumer.cancel()
+
+        def on_arrival() -> bool:
+            # In the reader's step: a batch held (or waited for) by consume goes first, and a
+            # failed one ends consume; else the deliveries received are this batch.
+            if self._holding or failures:
+                return False
+            deliveries = subscription.take_ready(CONSUME_BATCH)
+            if not deliveries:
+                return False
+            task = start_now(on_arrival_batch(deliveries), name=f"{self.service} batch")
+            if not task.done():  # it waits (a catch-up's replay): consume waits for it
+                arrived.add(task)
+                task.add_done_callback(arrived.discard)
+            return True
+
+        if react_on_arrival:
+            subscription.react_on_arrival(on_arrival)
         try:
             self.ready = True
             async for delivery in subscription:
-                self._reacting = True
-                deliveries = [delivery, *subscription.take_ready(CONSUME_BATCH - 1)]
-                while True:
-                    # fold the whole batch first: reactions never see a decision in part
-                    reactions: list[StoredEvent] = []
-                    for taken in deliveries:
-                        if self._folded(taken.seq) and taken.seq not in self._caught_up:
-                            continue  # folded before (an own append): acked unread
-                        if not self._gap_proven(taken):
-                            await self._catch_up()  # folds what lies before it, in order
-                        for entry in taken.entries:
-                            if await self._take(entry):
-                                assert isinstance(entry, StoredEvent)
-                                reactions.append(entry)
-                    folded, self._batch_folded = self._batch_folded, asyncio.Event()
-                    folded.set()
-                    if ack_before_reacting:
-                        await subscription.ack_many(deliveries)
-                        self._unacked_held = len(self._taken)
-                    else:
-                        self._unacked_held = len(deliveries) + len(self._taken)
-                    if reactions:
-                        if react_batch is not None:
-                            await react_batch(reactions)
-                        else:
-                            for entry in reactions:
-                                await react(entry)
-                    if not ack_before_reacting:
-                        await subscription.ack_many(deliveries)
-                        self._unacked_held = len(self._taken)
-                    async with self._consumer_lock:
-                        # what a conflict's catch-up took from the consumer meanwhile
-                        deliveries, self._taken = self._taken, []
-                        if not deliveries:
-                            self._reacting = False
-                            break
+                await fold_and_react(
+                    [delivery, *subscription.take_ready(CONSUME_BATCH - 1)],
+                    taken_by_consume=True,
+                )
+        except asyncio.CancelledError:
+            if failures and consumer is not None and consumer.uncancel() == 0:
+                raise failures[0] from None
+            raise
         finally:
+            if react_on_arrival:
+                subscription.react_on_arrival(None)
+            for task in list(arrived):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             self.ready = False
             self._reacting = False
             self._subscription = None
             await subscription.aclose()
+
+    async def _consume_batch(
+        self,
+        subscription: Subscription,
+        deliveries: list[Delivery],
+        react: Reaction,
+        react_batch: BatchReaction | None,
+        *,
+        ack_before_reacting: bool,
+        taken_by_consume: bool,
+    ) -> None:
+        """``consume``'s batch: fold it whole, ack, react, then what a catch-up took meanwhile.
+
+        ``taken_by_consume``: consume took the batch from the consumer and does not read it
+        until the batch is done, so a conflict's catch-up may read it meanwhile
+        (``_reacting``); a batch taken in the reader's step (``react_on_arrival``) leaves
+        consume waiting on the consumer: a catch-up waits for consume to fold instead."""
+        self._reacting = taken_by_consume
+        try:
+            while True:
+                # fold the whole batch first: reactions never see a decision in part
+                reactions: list[StoredEvent] = []
+                for taken in deliveries:
+                    if self._folded(taken.seq) and taken.seq not in self._caught_up:
+                        continue  # folded before (an own append): acked unread
+                    if not self._gap_proven(taken):
+                        await self._catch_up()  # folds what lies before it, in order
+                    for entry in taken.entries:
+                        if await self._take(entry):
+                            assert isinstance(entry, StoredEvent)
+                            reactions.append(entry)
+                folded, self._batch_folded = self._batch_folded, asyncio.Event()
+                folded.set()
+                if ack_before_reacting:
+                    await subscription.ack_many(deliveries)
+                    self._unacked_held = len(self._taken)
+                else:
+                    self._unacked_held = len(deliveries) + len(self._taken)
+                if reactions:
+                    if react_batch is not None:
+                        await react_batch(reactions)
+                    else:
+                        for entry in reactions:
+                            await react(entry)
+                if not ack_before_reacting:
+                    await subscription.ack_many(deliveries)
+                    self._unacked_held = len(self._taken)
+                async with self._consumer_lock:
+                    # what a conflict's catch-up took from the consumer meanwhile
+                    deliveries, self._taken = self._taken, []
+                    if not deliveries:
+                        return
+        finally:
+            self._reacting = False
 
     async def _take(self, entry: Entry) -> bool:
         """Fold one delivered entry; True if it is to be reacted to."""

@@ -281,6 +281,7 @@ async def run_service(
                 service.react,
                 react_batch=getattr(service, "react_batch", None),
                 ack_before_reacting=getattr(service, "ack_before_reacting", False),
+                react_on_arrival=getattr(service, "react_on_arrival", False),
             )
         )
         if snapshots is not None:

@@ -34,6 +34,9 @@ class AdmissionQueue:
         self._loop: DeciderLoop | None = None
         self.pipelined = pipelined
         """``react_batch`` returns before the decisions it started have landed."""
+        self.react_on_arrival = pipelined
+        """Pipelined, ``react_batch`` waits for nothing: a batch is folded and its decisions
+        started within the step that received it (``DeciderLoop.consume``)."""
         self._busy: set[str] = set()
         """Nodes with a decision in flight."""
         self._deciding: dict[str, asyncio.Task[None]] = {}

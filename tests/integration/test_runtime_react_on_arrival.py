@@ -1,0 +1,256 @@
+"""``DeciderLoop.consume(react_on_arrival=True)``: a batch that arrives while the loop waits
+is folded and reacted to within the connection's reader step (docs/eventlog.md, "Deciding
+in the reader's step"), without stalling the reader, out of order, or unacked. On a real
+nats-server: the reader step is the JetStream adapter's."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from log_streams import delete_stream, unique_stream
+
+import gpupool.eventlog.jetstream as jetstream
+import gpupool.runtime.decider as decider
+from gpupool.eventlog import JetStreamEventLog
+from gpupool.eventlog.port import StoredEvent
+from gpupool.events import NODELESS, Envelope, Event, MessageRejected
+from gpupool.runtime.decider import DeciderLoop
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 30.0
+DURABLE = "arrival"
+
+
+def wrap(event: Event) -> Envelope:
+    return Envelope(id=uuid.uuid4().hex, time=datetime(2025, 1, 1, tzinfo=UTC), event=event)
+
+
+def note(reason: str) -> Envelope:
+    return wrap(MessageRejected(subject=NODELESS, reason=reason, payload=""))
+
+
+async def acked_up_to(log: JetStreamEventLog, seq: int) -> None:
+    """Until the durable's ack floor is ``seq`` (acks are fire-and-forget: the server's
+    state is asked again every 50 ms, within WAIT_S)."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            info = await log._consumer_info(DURABLE)
+            if info.ack_floor is not None and info.ack_floor.stream_seq == seq:
+                return
+            await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def logs(nats_url: str) -> AsyncIterator[tuple[JetStreamEventLog, JetStreamEventLog]]:
+    """The consuming service's log and another writer's, on one fresh stream."""
+    stream, prefix = unique_stream()
+    service = await JetStreamEventLog.connect(nats_url, stream=stream, subject_prefix=prefix)
+    writer = await JetStreamEventLog.connect(
+        nats_url, stream=stream, subject_prefix=prefix, writer="node-executor"
+    )
+    try:
+        yield service, writer
+    finally:
+        await writer.close()
+        await service.close()
+        await delete_stream(nats_url, stream)
+
+
+async def started(
+    loop: DeciderLoop, react_batch: Callable[[list[StoredEvent]], Awaitable[None]]
+) -> asyncio.Task[None]:
+    async def react(entry: StoredEvent) -> None:
+        raise AssertionError("a batch reaction was given")
+
+    await loop.rebuild()
+    return asyncio.create_task(
+        loop.consume(DURABLE, react, react_batch=react_batch, react_on_arrival=True)
+    )
+
+
+async def stopped(consumer: asyncio.Task[None]) -> None:
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+
+
+async def test_a_batch_arriving_while_the_loop_waits_is_reacted_to_within_the_readers_parse(
+    nats_url: str,
+) -> None:
+    async with logs(nats_url) as (log, writer):
+        parser: Any = log._nc._ps
+        parse = parser.parse
+        parsing: list[bool] = []
+        in_parse = 0
+
+        async def counted_parse(data: bytes = b"") -> None:
+            nonlocal in_parse
+            in_parse += 1
+            try:
+                await parse(data)
+            finally:
+                in_parse -= 1
+
+        parser.parse = counted_parse
+        loop = DeciderLoop(log, service="admission-queue")
+        reacted = asyncio.Event()
+        seen: list[int] = []
+
+        async def react_batch(entries: list[StoredEvent]) -> None:
+            parsing.append(in_parse > 0)
+            seen.extend(entry.seq for entry in entries)
+            reacted.set()
+
+        consumer = await started(loop, react_batch)
+        try:
+            # the first may come before the consumer waits for it; once it is reacted to,
+            # the loop waits again (within that step) for the second
+            first = await writer.append(note("written first"))
+            async with asyncio.timeout(WAIT_S):
+                await reacted.wait()
+            reacted.clear()
+            seq = await writer.append(note("written"))
+            async with asyncio.timeout(WAIT_S):
+                await reacted.wait()
+            assert seen == [first, seq]
+            assert parsing[1:] == [True]  # folded and reacted to in the reader's step
+            assert loop.projection.last_seq == seq
+            await acked_up_to(log, seq)
+        finally:
+            await stopped(consumer)
+
+
+async def test_a_reaction_awaiting_its_own_append_in_the_readers_step_gets_its_puback(
+    nats_url: str,
+) -> None:
+    async with logs(nats_url) as (log, writer):
+        loop = DeciderLoop(log, service="admission-queue")
+        appended: list[int] = []
+        seen: list[int] = []
+        done = asyncio.Event()
+
+        async def react_batch(entries: list[StoredEvent]) -> None:
+            for entry in entries:
+                seen.append(entry.seq)
+                event = entry.envelope.event
+                assert type(event) is MessageRejected
+                if event.reason.startswith("written"):
+                    # its PubAck comes on this connection, read by the reader this began in
+                    appended.append(await log.append(note(f"after {entry.seq}")))
+            if len(seen) == 4:
+                done.set()
+
+        consumer = await started(loop, react_batch)
+        try:
+            first = await writer.append(note("written first"))
+            second = await writer.append(note("written second"))
+            async with asyncio.timeout(WAIT_S):
+                await done.wait()
+            assert len(appended) == 2
+            assert seen == sorted(seen)
+            assert seen == sorted([first, second, *appended])
+            await acked_up_to(log, max(seen))
+        finally:
+            await stopped(consumer)
+
+
+async def test_an_error_in_a_reaction_ends_consume_with_it_and_leaves_the_reader_reading(
+    nats_url: str,
+) -> None:
+    async with logs(nats_url) as (log, writer):
+        loop = DeciderLoop(log, service="admission-queue")
+
+        async def react_batch(entries: list[StoredEvent]) -> None:
+            raise ValueError("a reaction's fault")
+
+        consumer = await started(loop, react_batch)
+        await writer.append(note("written"))
+        with pytest.raises(ValueError, match="a reaction's fault"):
+            async with asyncio.timeout(WAIT_S):
+                await consumer
+        assert not loop.ready
+        # the connection still reads: an append's PubAck, and a replay, come through it
+        seq = await log.append(note("after the fault"))
+        assert [entry.seq async for entry in log.replay(from_seq=seq)] == [seq]
+
+
+async def test_bursts_reacted_to_on_arrival_keep_the_log_order_and_the_batch_bound(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decider, "CONSUME_BATCH", 8)
+    async with logs(nats_url) as (log, writer):
+        loop = DeciderLoop(log, service="admission-queue")
+        batches: list[list[int]] = []
+        notes: list[int] = []
+        appending = 0
+        changed = asyncio.Event()
+
+        async def react_batch(entries: list[StoredEvent]) -> None:
+            nonlocal appending
+            batches.append([entry.seq for entry in entries])
+            written = any(
+                type(e.envelope.event) is MessageRejected
+                and e.envelope.event.reason.startswith("written")
+                for e in entries
+            )
+            if written and len(batches) % 3 == 0:
+                # now and then a reaction waits (for its own append's PubAck): the batches
+                # arriving meanwhile wait for it, then go in order
+                appending += 1
+                notes.append(await log.append(note(f"after batch {len(batches)}")))
+                appending -= 1
+            changed.set()
+
+        consumer = await started(loop, react_batch)
+        try:
+            seqs: list[int] = []
+            for start in range(0, 100, 25):
+                seqs += await writer.append_many(
+                    [note(f"written {i}") for i in range(start, start + 25)]
+                )
+            reacted: list[int] = []
+            async with asyncio.timeout(WAIT_S):
+                while appending or not set(seqs) | set(notes) <= set(reacted):
+                    changed.clear()
+                    await changed.wait()
+                    reacted = [seq for batch in batches for seq in batch]
+            assert reacted == sorted(set(reacted))  # each once, in the log's order
+            assert set(reacted) == set(seqs) | set(notes)
+            assert all(len(batch) <= 8 for batch in batches)
+            assert notes  # some reactions waited
+            await acked_up_to(log, await log.last_seq())
+        finally:
+            await stopped(consumer)
+
+
+async def test_a_pull_used_up_by_batches_reacted_to_on_arrival_is_renewed(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each pull asks for 3: the reader's batches take a pull's last delivery, and the
+    # iterator (still waiting) must ask again, else the rest never comes
+    monkeypatch.setattr(jetstream, "PULL_BATCH", 3)
+    async with logs(nats_url) as (log, writer):
+        loop = DeciderLoop(log, service="admission-queue")
+        reacted: list[int] = []
+        changed = asyncio.Event()
+
+        async def react_batch(entries: list[StoredEvent]) -> None:
+            reacted.extend(entry.seq for entry in entries)
+            changed.set()
+
+        consumer = await started(loop, react_batch)
+        try:
+            seqs = [await writer.append(note(f"written {i}")) for i in range(15)]
+            async with asyncio.timeout(WAIT_S):
+                while reacted != seqs:
+                    changed.clear()
+                    await changed.wait()
+            await acked_up_to(log, seqs[-1])
+        finally:
+            await stopped(consumer)
