@@ -119,27 +119,24 @@ def open_ephemeral(nc: Any, stream: str, subject_filter: str) -> Opener:
 
 
 class _Inbox:
-    """What one consumer's pulls delivered, filled by the client's reader loop (the sink)."""
+    """What one consumer's pulls delivered, filled by the client's reader loop
+    (a :class:`~gpupool.eventlog.log_client.RawInbox`)."""
 
-    __slots__ = ("arrived", "messages", "status", "wake", "want")
+    __slots__ = ("messages", "status", "wake", "want")
 
     def __init__(self) -> None:
         self.messages: list[tuple[bytes, bytes, bytes]] = []
-        self.arrived = 0
         self.status: bytes | None = None
         self.want = 1
         self.wake = asyncio.Event()
 
-    def sink(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        if headers is not None and headers.startswith(b"NATS/1.0 "):
-            if headers[9:12] != b"100":  # a heartbeat says nothing
-                self.status = headers
-                self.wake.set()
-            return
-        messages = self.messages
-        messages.append((subject, reply, data))
-        self.arrived += 1
-        if len(messages) >= self.want:
+    def on_status(self, headers: bytes) -> None:
+        if headers[9:12] != b"100":  # a heartbeat says nothing
+            self.status = headers
+            self.wake.set()
+
+    def on_delivered(self) -> None:
+        if len(self.messages) >= self.want:
             self.wake.set()
 
 
@@ -228,6 +225,8 @@ class _Consumer:
         self._subjects = subjects
         self._target = target
         self._handed = 0
+        self._taken = 0
+        """Deliveries taken from the inbox (handed out, or past the target)."""
         self._requested = 0
         self._expected = 1
         """The consumer sequence of the next delivery."""
@@ -238,7 +237,7 @@ class _Consumer:
         self._given_up: str | None = None
 
     async def start(self) -> None:
-        self._subscription = await self._nc.raw_subscribe(self._inbox_subject, self._inbox.sink)
+        self._subscription = await self._nc.raw_inbox(self._inbox_subject, self._inbox)
         self._replay._inbox = self._inbox
 
     async def close(self) -> None:
@@ -255,7 +254,7 @@ class _Consumer:
         """Keep up to PULLS_IN_FLIGHT requests' worth outstanding, never past the target."""
         inbox = self._inbox
         while (
-            self._requested - inbox.arrived < PULLS_IN_FLIGHT * REPLAY_BATCH
+            self._requested - (self._taken + len(inbox.messages)) < PULLS_IN_FLIGHT * REPLAY_BATCH
             and self._requested < self._target
         ):
             count = min(REPLAY_BATCH, self._target - self._requested)
@@ -289,6 +288,7 @@ class _Consumer:
         if self._replay.closed:
             raise EventLogClosed(f"event log {self._stream} closed during a replay")
         messages, inbox.messages = inbox.messages, []
+        self._taken += len(messages)
         subjects = self._subjects
         batch: list[Entry] = []
         handed = 0
