@@ -51,7 +51,7 @@ import nats.js.errors
 from nats.js import api
 
 from gpupool.eventlog.log_client import LogClient, status_description
-from gpupool.eventlog.port import Entry, EventLogClosed, read_entries
+from gpupool.eventlog.port import Entry, EventLogClosed, read_entries, read_plain
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +291,7 @@ class _Consumer:
         self._taken += len(messages)
         subjects = self._subjects
         batch: list[Entry] = []
+        append = batch.append
         handed = 0
         expected = self._expected
         gap: str | None = None
@@ -307,7 +308,11 @@ class _Consumer:
             text = subjects.get(subject)
             if text is None:
                 text = subjects[subject] = subject.decode()
-            batch += read_entries(seq, text, data)
+            entry = read_plain(seq, text, data)  # the common case, no tuple
+            if entry is not None:
+                append(entry)
+            else:
+                batch += read_entries(seq, text, data)
             handed += 1
         self._expected = expected
         self._handed += handed
