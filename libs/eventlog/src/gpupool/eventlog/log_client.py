@@ -18,12 +18,13 @@ loop appends each delivery to it, and tells it once per read of the socket, not 
 message (a replay's pulls). Every other subscription is nats-py's own.
 
 The reader loop cuts the message frames out of its buffer itself (:class:`_FrameParser`):
-a delivery's control line as the server spells it is read with one regular expression (any
-other spelling field by field, with nats-py's verdicts); a raw subscription's frame goes to
-its sink or inbox without an ``await``, the client's statistics counted once per read; another subscription's goes to nats-py's message handling; a frame
-still arriving waits in the buffer for the rest; every other operation (PING, PONG,
-INFO, +OK, -ERR) is handed, its line alone, to nats-py's own parser. One pass over the
-buffer, in the connection's order.
+a delivery's control line as the server spells it is read with one regular expression
+(any other spelling field by field, with nats-py's verdicts); a raw subscription's frame
+goes to its sink or inbox without an ``await``, the client's statistics counted once per
+read; another subscription's goes to nats-py's message handling; a frame still arriving
+waits in the buffer for the rest; every other operation (PING, PONG, INFO, +OK, -ERR) is
+handed, its line alone, to nats-py's own parser. One pass over the buffer, in the
+connection's order.
 
 The sink runs inside the client's reader loop: it must not block and must not raise
 (an exception would end the reader loop); it should append to a buffer and wake a

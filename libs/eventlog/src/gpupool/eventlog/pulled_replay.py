@@ -4,11 +4,13 @@ A replay (a rebuild, a catch-up) reads every entry of its subjects from a sequen
 the log's end at its start, once each and in order. nats-py's ordered consumer costs,
 per message, a header parse into a dict, a ``Msg``, a put into a queue and a task switch
 to the callback task, and then a second queue between that callback and the reader.
-Here the log's :class:`~gpupool.eventlog.log_client.LogClient` hands each message to a
-sink that appends it to a list (:meth:`LogClient.raw_subscribe`); the reader takes the
-list as one batch once a pull's worth has arrived, decodes it and hands it on whole (:func:`pulled_batches`), while the
-server already sends the next: two pull requests of :data:`REPLAY_BATCH` are kept in
-flight.
+Here the log's :class:`~gpupool.eventlog.log_client.LogClient` appends each message to
+the inbox's list itself (:meth:`LogClient.raw_inbox`: no call per message; the inbox is
+told once per read of the socket); the reader takes the list as one batch once a pull's
+worth has arrived, decodes it (:func:`~gpupool.eventlog.port.read_plain`, else
+:func:`~gpupool.eventlog.port.read_entries`) and hands it on whole (:func:`pulled_batches`),
+while the server already sends the next: two pull requests of :data:`REPLAY_BATCH` are
+kept in flight.
 
 **Which consumer.** :func:`pulled_batches` is given an *opener*: a coroutine that
 creates a pull consumer without acks on the replay's filter starting at a sequence, and
