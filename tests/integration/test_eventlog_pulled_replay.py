@@ -65,21 +65,27 @@ def counting_opens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def delivering_only(
     monkeypatch: pytest.MonkeyPatch, passes: Callable[[pulled_replay._Inbox, bytes | None], bool]
 ) -> None:
-    """Of what the server sends a replay's inbox (a delivery, or a status in ``headers``),
+    """Of what the server sends a replay's inbox (a delivery, ``headers`` None; or a status),
     only what ``passes`` lets through reaches it; the rest is gone, or still on its way."""
-    sink = pulled_replay._Inbox.sink
+    on_status = pulled_replay._Inbox.on_status
+    on_delivered = pulled_replay._Inbox.on_delivered
+    seen: dict[pulled_replay._Inbox, tuple[list[tuple[bytes, bytes, bytes]], int]] = {}
 
-    def passing_sink(
-        inbox: pulled_replay._Inbox,
-        subject: bytes,
-        reply: bytes,
-        data: bytes,
-        headers: bytes | None,
-    ) -> None:
+    def passing_status(inbox: pulled_replay._Inbox, headers: bytes) -> None:
         if passes(inbox, headers):
-            sink(inbox, subject, reply, data, headers)
+            on_status(inbox, headers)
 
-    monkeypatch.setattr(pulled_replay._Inbox, "sink", passing_sink)
+    def passing_deliveries(inbox: pulled_replay._Inbox) -> None:
+        # the deliveries appended since the last call (the replay takes the list, whole)
+        messages = inbox.messages
+        before, count = seen.get(inbox, (None, 0))
+        first = count if before is messages else 0
+        messages[first:] = [message for message in messages[first:] if passes(inbox, None)]
+        seen[inbox] = (messages, len(messages))
+        on_delivered(inbox)
+
+    monkeypatch.setattr(pulled_replay._Inbox, "on_status", passing_status)
+    monkeypatch.setattr(pulled_replay._Inbox, "on_delivered", passing_deliveries)
 
 
 async def consumers_left(log: JetStreamEventLog) -> list[str]:

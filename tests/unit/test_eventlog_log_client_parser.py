@@ -151,3 +151,137 @@ def test_a_raw_subscription_whose_unsubscribe_failed_keeps_its_sink() -> None:
     del client._subs[RAW_SID]
     client.drop_raw(Ended())  # type: ignore[arg-type]
     assert RAW_SID not in client._raw_sinks
+
+
+INBOX_SID = 9
+
+
+class RecordingInbox:
+    """A raw inbox (``LogClient.raw_inbox``): its deliveries, statuses and wake-ups."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[bytes, bytes, bytes]] = []
+        self.statuses: list[bytes] = []
+        self.wakes = 0
+
+    def on_status(self, headers: bytes) -> None:
+        self.statuses.append(headers)
+
+    def on_delivered(self) -> None:
+        self.wakes += 1
+
+
+def inbox_wire(
+    seed: int, *, others: bool = True
+) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes], int]:
+    """Frames for the inbox (plain, with stored headers, with and without a reply), statuses
+    among them, other operations between (``others``); what the inbox must get; how many
+    frames."""
+    rng = random.Random(seed)
+    wire = bytearray()
+    deliveries: list[tuple[bytes, bytes, bytes]] = []
+    statuses: list[bytes] = []
+    for index in range(120):
+        subject = f"log.n{rng.randrange(5)}.admission-queue".encode()
+        reply = f"$JS.ACK.S.d.1.{index + 1}.{index + 1}.0.0".encode() if rng.random() < 0.8 else b""
+        payload = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 60)))
+        kind = rng.random()
+        if kind < 0.1 and others:
+            wire += b"PING\r\n" if rng.random() < 0.5 else b"+OK\r\n"
+            continue
+        if kind < 0.2:  # a status: a header block whose first line has a code, no payload
+            headers = b"NATS/1.0 %s Status\r\n\r\n" % rng.choice([b"100", b"408", b"409"])
+            wire += b"HMSG %s %d %d %d\r\n%s\r\n" % (
+                subject,
+                INBOX_SID,
+                len(headers),
+                len(headers),
+                headers,
+            )
+            statuses.append(headers)
+            continue
+        space = b" " if rng.random() < 0.9 else b"  "  # spelt as the server does, or not
+        if kind < 0.6:
+            headers = b"NATS/1.0\r\nNats-Msg-Id: m-%d\r\n\r\n" % index
+            wire += b"HMSG %s %d %s%d%s%d\r\n" % (
+                subject,
+                INBOX_SID,
+                reply + space if reply else b"",
+                len(headers),
+                space,
+                len(headers) + len(payload),
+            )
+            wire += headers + payload + b"\r\n"
+        else:
+            wire += b"MSG %s%s%d %s%d\r\n%s\r\n" % (
+                subject,
+                space,
+                INBOX_SID,
+                reply + b" " if reply else b"",
+                len(payload),
+                payload,
+            )
+        deliveries.append((subject, reply, payload))
+    return bytes(wire), deliveries, statuses, len(deliveries) + len(statuses)
+
+
+def into_inbox(wire: bytes, cuts: list[int]) -> tuple[RecordingClient, RecordingInbox]:
+    client = RecordingClient()
+    inbox = RecordingInbox()
+    client._subs[INBOX_SID] = _Sub()  # type: ignore[assignment]
+    client._raw_inboxes[INBOX_SID] = inbox
+
+    async def pings() -> None:  # nats-py answers a PING by queueing a PONG
+        pass
+
+    client._process_ping = pings  # type: ignore[method-assign]
+    asyncio.run(feed(client, wire, cuts))
+    assert not client._ps.buf
+    return client, inbox
+
+
+def test_an_inbox_gets_its_deliveries_and_statuses_in_order_however_the_reads_cut_them() -> None:
+    for seed in range(10):
+        wire, deliveries, statuses, frames_sent = inbox_wire(seed)
+        rng = random.Random(2000 + seed)
+        cuts = sorted(rng.sample(range(1, len(wire)), rng.randrange(1, 40)))
+        for every in (cuts, list(range(1, len(wire))), []):
+            client, inbox = into_inbox(wire, every)
+            assert inbox.messages == deliveries, seed
+            assert inbox.statuses == statuses, seed
+            assert client.stats["in_msgs"] == frames_sent
+            assert client.got == []
+
+
+def test_an_inbox_is_woken_once_per_read_that_delivered_to_it() -> None:
+    wire, deliveries, _, _ = inbox_wire(5, others=False)
+    _, inbox = into_inbox(wire, [])
+    assert inbox.wakes == 1  # one read: one wake-up, however many deliveries
+    _, inbox = into_inbox(wire, list(range(1, len(wire))))
+    assert inbox.wakes == len(deliveries)  # a byte a read: each delivery completes in its own
+    wire, deliveries, _, _ = inbox_wire(5)
+    _, inbox = into_inbox(wire, [])
+    assert 1 < inbox.wakes < len(deliveries)  # and before each other operation handed on
+
+
+def test_frames_of_an_inbox_that_ended_are_dropped() -> None:
+    wire, _, _, _ = inbox_wire(3)
+    client = RecordingClient()
+    inbox = RecordingInbox()
+    client._raw_inboxes[INBOX_SID] = inbox  # unsubscribed: not in the client's subscriptions
+    client._process_ping = lambda: asyncio.sleep(0)  # type: ignore[method-assign]
+    asyncio.run(feed(client, wire, []))
+    assert inbox.messages == [] and inbox.statuses == []
+    assert INBOX_SID not in client._raw_inboxes
+
+
+def test_a_malformed_frame_for_an_inbox_is_a_protocol_error() -> None:
+    for line in (
+        b"MSG log.a 9x 3\r\nabc\r\n",
+        b"MSG log.a 9 r s 3\r\nabc\r\n",
+        b"HMSG log.a 9 4 3\r\nabc\r\n",  # a header block larger than the whole
+        b"HMSG log.a 9 r 4 3\r\nabc\r\n",
+        b"HMSG log.a 9 3\r\nabc\r\n",
+    ):
+        with pytest.raises(ProtocolError):
+            into_inbox(line, [])

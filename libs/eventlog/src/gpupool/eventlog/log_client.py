@@ -12,15 +12,19 @@ line.
 :class:`LogClient` is nats-py's ``Client`` (same connect options, reconnects,
 JetStream context, TLS, credentials) where :meth:`LogClient.raw_subscribe` registers a
 synchronous *sink* for a subscription: the reader loop calls it with the undecoded
-parts of every message of that subscription, and nothing else is done for it. Every
-other subscription is nats-py's own.
+parts of every message of that subscription, and nothing else is done for it;
+:meth:`LogClient.raw_inbox` registers a list instead (a :class:`RawInbox`): the reader
+loop appends each delivery to it, and tells it once per read of the socket, not once per
+message (a replay's pulls). Every other subscription is nats-py's own.
 
 The reader loop cuts the message frames out of its buffer itself (:class:`_FrameParser`):
-a raw subscription's frame goes to its sink without nats-py's regular expressions and
-without an ``await``; another subscription's goes to nats-py's message handling; a frame
-still arriving waits in the buffer for the rest; every other operation (PING, PONG,
-INFO, +OK, -ERR) is handed, its line alone, to nats-py's own parser. One pass over the
-buffer, in the connection's order.
+a delivery's control line as the server spells it is read with one regular expression
+(any other spelling field by field, with nats-py's verdicts); a raw subscription's frame
+goes to its sink or inbox without an ``await``, the client's statistics counted once per
+read; another subscription's goes to nats-py's message handling; a frame still arriving
+waits in the buffer for the rest; every other operation (PING, PONG, INFO, +OK, -ERR) is
+handed, its line alone, to nats-py's own parser. One pass over the buffer, in the
+connection's order.
 
 The sink runs inside the client's reader loop: it must not block and must not raise
 (an exception would end the reader loop); it should append to a buffer and wake a
@@ -42,8 +46,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from nats.aio.client import PING_PROTO, Client
 from nats.aio.subscription import Subscription
@@ -58,6 +63,20 @@ is the raw header block (``NATS/1.0 …\\r\\n…``) or None."""
 _STATUS_LINE = b"NATS/1.0 "
 
 logger = logging.getLogger(__name__)
+
+
+class RawInbox(Protocol):
+    """A raw subscription that takes its deliveries as a list (:meth:`LogClient.raw_inbox`):
+    the reader loop appends each delivery's ``(subject, reply, data)`` to ``messages`` (its
+    stored headers unread), hands each status message's header block to ``on_status``, and
+    calls ``on_delivered`` once it has appended what one read of the socket held (not once
+    per delivery). Neither call may block or raise."""
+
+    messages: list[tuple[bytes, bytes, bytes]]
+
+    def on_status(self, headers: bytes) -> None: ...
+
+    def on_delivered(self) -> None: ...
 
 
 def inline_status(headers: bytes | None) -> bytes | None:
@@ -93,6 +112,46 @@ async def _never_called(msg: Any) -> None:  # pragma: no cover - a raw sid never
     raise AssertionError("a raw subscription's message reached nats-py's callback")
 
 
+_MSG_LINE = re.compile(rb"MSG (\S+) (\d+) (?:(\S+) )?(\d+)\r\n")
+_HMSG_LINE = re.compile(rb"HMSG (\S+) (\d+) (?:(\S+) )?(\d+) (\d+)\r\n")
+"""A delivery's control line as the server writes it (one space between the fields), read
+with one match; any other spelling goes to ``_delivery_line``, which gives the verdict."""
+_M, _H = ord("M"), ord("H")
+_ANOTHER_OPERATION = -1
+
+
+def _delivery_line(buf: bytearray, pos: int) -> tuple[bytes, int, bytes, int, int, int] | int:
+    """The MSG or HMSG control line at ``pos``: (subject, sid, reply, header size, size,
+    where its payload starts); ``_ANOTHER_OPERATION``, or 0 while the line is still arriving.
+
+    ``ProtocolError`` for a malformed one, as nats-py has it. (No length limit on a
+    delivery's line, as nats-py has none: the server limits what clients publish, and adds
+    a subscription id and a reply to it.)"""
+    if buf.startswith(b"HMSG ", pos):
+        headered = True
+    elif buf.startswith(b"MSG ", pos):
+        headered = False
+    else:
+        return _ANOTHER_OPERATION
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        return 0
+    args = bytes(buf[pos:end]).split()
+    count = len(args)
+    # MSG <subject> <sid> [reply] <size>; HMSG <subject> <sid> [reply] <hdr size> <size>
+    shortest = 5 if headered else 4
+    if not (
+        shortest <= count <= shortest + 1
+        and args[2].isdigit()
+        and args[-1].isdigit()
+        and (not headered or args[-2].isdigit())
+    ):
+        raise ProtocolError("nats: malformed MSG")
+    reply = args[3] if count > shortest else b""
+    header_size = int(args[-2]) if headered else 0
+    return args[1], int(args[2]), reply, header_size, int(args[-1]), end + 2
+
+
 class _FrameParser(Parser):
     """nats-py's parser with the message frames cut out here (see the module's docstring)."""
 
@@ -105,81 +164,134 @@ class _FrameParser(Parser):
             await super().parse()
             if self.state != AWAITING_CONTROL_LINE or self.buf is not buf:
                 return
-        sinks = self.nc._raw_sinks
-        subs = self.nc._subs
-        stats = self.nc.stats
+        nc = self.nc
+        sinks = nc._raw_sinks
+        inboxes = nc._raw_inboxes
+        subs = nc._subs
+        msg_line = _MSG_LINE.match
+        hmsg_line = _HMSG_LINE.match
+        counted = _Counted(nc.stats)
         pos = 0
         size = len(buf)
-        while pos < size:
-            if buf.startswith(b"HMSG ", pos):
-                headered = True
-            elif buf.startswith(b"MSG ", pos):
-                headered = False
-            else:
-                # Another operation (PING, PONG, INFO, +OK, -ERR): its line alone goes to
-                # nats-py's parser; a line still arriving waits, as nats-py's parser does.
+        try:
+            while pos < size:
+                first = buf[pos]
+                match = (
+                    msg_line(buf, pos)
+                    if first == _M
+                    else hmsg_line(buf, pos)
+                    if first == _H
+                    else None
+                )
+                if match is not None:
+                    if first == _M:
+                        subject, sid_text, reply, size_text = match.groups()
+                        header_size = 0
+                    else:
+                        subject, sid_text, reply, header_text, size_text = match.groups()
+                        header_size = int(header_text)
+                    total = int(size_text)
+                    sid = int(sid_text)
+                    start = match.end()
+                    if reply is None:
+                        reply = b""
+                else:
+                    line = _delivery_line(buf, pos)
+                    if line == 0:
+                        break  # the control line is still arriving
+                    if line == _ANOTHER_OPERATION:
+                        # Another operation (PING, PONG, INFO, +OK, -ERR): its line alone goes
+                        # to nats-py's parser; a line still arriving waits, as nats-py's does.
+                        counted.settle()
+                        del buf[:pos]
+                        pos = 0
+                        end = buf.find(b"\r\n")
+                        if end < 0:
+                            if len(buf) >= MAX_CONTROL_LINE_SIZE:
+                                await super().parse()  # nats-py's own verdict on a runaway line
+                            return
+                        rest = bytes(buf[end + 2 :])
+                        del buf[end + 2 :]
+                        await super().parse()
+                        if self.buf is not buf:  # the connection was reset meanwhile
+                            return
+                        buf.extend(rest)
+                        if self.state != AWAITING_CONTROL_LINE:  # it took a frame's line
+                            await super().parse()
+                            if self.state != AWAITING_CONTROL_LINE or self.buf is not buf:
+                                return
+                        size = len(buf)
+                        continue
+                    assert not isinstance(line, int)
+                    subject, sid, reply, header_size, total, start = line
+                if header_size > total:
+                    raise ProtocolError("nats: malformed MSG")
+                if start + total + 2 > size:
+                    break  # the frame is still arriving: wait for the rest
+                inbox = inboxes.get(sid)
+                if inbox is not None and sid in subs:
+                    counted.messages += 1
+                    counted.bytes += total - header_size
+                    if header_size and buf.startswith(_STATUS_LINE, start, start + header_size):
+                        inbox.on_status(bytes(buf[start : start + header_size]))
+                    else:
+                        payload = bytes(buf[start + header_size : start + total])
+                        inbox.messages.append((subject, reply, payload))
+                        if inbox is not counted.last:
+                            counted.touch(inbox)
+                    pos = start + total + 2
+                    continue
+                headers = bytes(buf[start : start + header_size]) if header_size else None
+                payload = bytes(buf[start + header_size : start + total])
+                pos = start + total + 2
+                sink = sinks.get(sid)
+                if sink is not None and sid in subs:
+                    counted.messages += 1
+                    counted.bytes += total - header_size
+                    sink(subject, reply, payload, headers)
+                    continue
+                # any other subscription's message: nats-py's own handling
+                counted.settle()
                 del buf[:pos]
                 pos = 0
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) >= MAX_CONTROL_LINE_SIZE:
-                        await super().parse()  # nats-py's own verdict on a runaway line
+                await nc._process_msg(sid, subject, reply, payload, headers)
+                if self.buf is not buf:
                     return
-                rest = bytes(buf[end + 2 :])
-                del buf[end + 2 :]
-                await super().parse()
-                if self.buf is not buf:  # the connection was reset meanwhile
-                    return
-                buf.extend(rest)
-                if self.state != AWAITING_CONTROL_LINE:  # it took a frame's line: its frame
-                    await super().parse()
-                    if self.state != AWAITING_CONTROL_LINE or self.buf is not buf:
-                        return
                 size = len(buf)
-                continue
-            # No length limit on a delivery's line, as nats-py has none: the server limits
-            # what clients publish, and adds a subscription id and a reply to it.
-            end = buf.find(b"\r\n", pos)
-            if end < 0:
-                break  # the control line is still arriving
-            args = bytes(buf[pos:end]).split()
-            count = len(args)
-            # MSG <subject> <sid> [reply] <size>; HMSG <subject> <sid> [reply] <hdr size> <size>
-            shortest = 5 if headered else 4
-            if not (
-                shortest <= count <= shortest + 1
-                and args[2].isdigit()
-                and args[-1].isdigit()
-                and (not headered or args[-2].isdigit())
-            ):
-                raise ProtocolError("nats: malformed MSG")
-            total = int(args[-1])
-            header_size = int(args[-2]) if headered else 0
-            if header_size > total:
-                raise ProtocolError("nats: malformed MSG")
-            start = end + 2
-            if start + total + 2 > size:
-                break  # the frame is still arriving: wait for the rest
-            sid = int(args[2])
-            reply = args[3] if count > shortest else b""
-            headers = bytes(buf[start : start + header_size]) if header_size else None
-            payload = bytes(buf[start + header_size : start + total])
-            pos = start + total + 2
-            sink = sinks.get(sid)
-            if sink is not None and sid in subs:
-                stats["in_msgs"] += 1
-                stats["in_bytes"] += total - header_size
-                sink(args[1], reply, payload, headers)
-                continue
-            # any other subscription's message: nats-py's own handling
-            del buf[:pos]
-            pos = 0
-            await self.nc._process_msg(sid, args[1], reply, payload, headers)
-            if self.buf is not buf:
-                return
-            size = len(buf)
+        finally:
+            counted.settle()
         if pos:
             del buf[:pos]
+
+
+class _Counted:
+    """What one parse call handed to raw subscriptions: counted into the client's statistics,
+    and each inbox that got deliveries told so, once per call (``settle``) rather than per
+    message."""
+
+    __slots__ = ("bytes", "last", "messages", "stats", "touched")
+
+    def __init__(self, stats: dict[str, int]) -> None:
+        self.stats = stats
+        self.messages = 0
+        self.bytes = 0
+        self.last: RawInbox | None = None
+        self.touched: list[RawInbox] = []
+
+    def touch(self, inbox: RawInbox) -> None:
+        self.last = inbox
+        if inbox not in self.touched:
+            self.touched.append(inbox)
+
+    def settle(self) -> None:
+        if self.messages:
+            self.stats["in_msgs"] += self.messages
+            self.stats["in_bytes"] += self.bytes
+            self.messages = self.bytes = 0
+        if self.touched:
+            touched, self.touched, self.last = self.touched, [], None
+            for inbox in touched:
+                inbox.on_delivered()
 
 
 class _ReadingParser(_FrameParser):
@@ -215,6 +327,7 @@ class LogClient(Client):
     def __init__(self) -> None:
         super().__init__()
         self._raw_sinks: dict[int, RawSink] = {}
+        self._raw_inboxes: dict[int, RawInbox] = {}
         self._ps = _ReadingParser(self)
         self._parsing = False
         self._after_read: list[Callable[[], None]] = []
@@ -299,6 +412,13 @@ class LogClient(Client):
         self._raw_sinks[subscription._id] = sink
         return subscription
 
+    async def raw_inbox(self, subject: str, inbox: RawInbox) -> Subscription:
+        """Subscribe ``subject`` with its deliveries appended to ``inbox`` (:class:`RawInbox`):
+        :meth:`raw_subscribe` without a call per message; ended as that one is."""
+        subscription = await self.subscribe(subject, cb=_never_called)
+        self._raw_inboxes[subscription._id] = inbox
+        return subscription
+
     def drop_raw(self, subscription: Subscription) -> None:
         """Forget a raw subscription's sink once it has ended (after ``unsubscribe``).
 
@@ -307,6 +427,7 @@ class LogClient(Client):
         forgotten at the first delivery after the subscription ends."""
         if subscription._id not in self._subs:
             self._raw_sinks.pop(subscription._id, None)
+            self._raw_inboxes.pop(subscription._id, None)
 
     async def _process_msg(
         self,
@@ -316,13 +437,22 @@ class LogClient(Client):
         data: bytes,
         headers: bytes | None,
     ) -> None:
+        inbox = self._raw_inboxes.get(sid)
         sink = self._raw_sinks.get(sid)
-        if sink is None:
+        if sink is None and inbox is None:
             await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
             return
         if sid not in self._subs:  # unsubscribed: late messages are dropped, as nats-py does
-            del self._raw_sinks[sid]
+            self._raw_sinks.pop(sid, None)
+            self._raw_inboxes.pop(sid, None)
             return
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)
-        sink(subject, reply, data, headers)
+        if inbox is None:
+            assert sink is not None
+            sink(subject, reply, data, headers)
+        elif headers is not None and headers.startswith(_STATUS_LINE):
+            inbox.on_status(headers)
+        else:
+            inbox.messages.append((subject, reply, data))
+            inbox.on_delivered()

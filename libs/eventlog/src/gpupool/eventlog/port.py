@@ -26,6 +26,7 @@ from gpupool.events import (
     EventDecodeError,
     MessageRejected,
     decode_entry,
+    decode_plain,
     event_node,
 )
 from gpupool.events.limits import MAX_MESSAGE, MAX_NODE_NAME
@@ -280,6 +281,21 @@ def _subject_node(subject: str) -> str | None:
     return named
 
 
+def read_plain(seq: int, subject: str, data: bytes) -> StoredEvent | None:
+    """:func:`read_entries`' most frequent case, without a tuple: the entry is one current
+    envelope (:func:`decode_plain`) for the node its subject names. None: anything else,
+    for ``read_entries`` to read or refuse (a replay calls this first, then that)."""
+    envelope = decode_plain(data)
+    if envelope is None:
+        return None
+    named = _SUBJECT_NODES.get(subject, _UNSEEN)
+    if named is _UNSEEN:
+        named = _subject_node(subject)
+    if named is None or envelope.event.node == named:  # event_node
+        return StoredEvent(seq, subject, envelope)
+    return None  # a disagreement: read_entries says so
+
+
 def read_entries(seq: int, subject: str, data: bytes) -> tuple[Entry, ...]:
     """Decode the bytes of one log entry into its events; garbage becomes one :class:`Undecodable`.
 
@@ -287,21 +303,17 @@ def read_entries(seq: int, subject: str, data: bytes) -> tuple[Entry, ...]:
     range, an unknown version) and an entry whose subject names another node than its
     events (:func:`subject_disagreement`).
     """
+    plain = read_plain(seq, subject, data)
+    if plain is not None:  # the common case, checked against the subject's node remembered
+        return (plain,)
     try:
         envelopes = decode_entry(data)
     except EventDecodeError as exc:
         return (Undecodable(seq=seq, subject=subject, data=data, error=str(exc)),)
-    if len(envelopes) == 1:  # the common case, checked against the subject's node remembered
-        envelope = envelopes[0]
-        named = _SUBJECT_NODES.get(subject, _UNSEEN)
-        if named is _UNSEEN:
-            named = _subject_node(subject)
-        if named is None or event_node(envelope.event) == named:
-            return (StoredEvent(seq, subject, envelope),)
     disagreement = subject_disagreement(subject, envelopes)
     if disagreement is not None:
         return (Undecodable(seq=seq, subject=subject, data=data, error=disagreement),)
-    if len(envelopes) == 1:  # the common case: one envelope, no generator
+    if len(envelopes) == 1:  # one envelope, no generator
         return (StoredEvent(seq=seq, subject=subject, envelope=envelopes[0], index=0, last=True),)
     last = len(envelopes) - 1
     return tuple(

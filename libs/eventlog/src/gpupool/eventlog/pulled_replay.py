@@ -4,11 +4,13 @@ A replay (a rebuild, a catch-up) reads every entry of its subjects from a sequen
 the log's end at its start, once each and in order. nats-py's ordered consumer costs,
 per message, a header parse into a dict, a ``Msg``, a put into a queue and a task switch
 to the callback task, and then a second queue between that callback and the reader.
-Here the log's :class:`~gpupool.eventlog.log_client.LogClient` hands each message to a
-sink that appends it to a list (:meth:`LogClient.raw_subscribe`); the reader takes the
-list as one batch once a pull's worth has arrived, decodes it and hands it on whole (:func:`pulled_batches`), while the
-server already sends the next: two pull requests of :data:`REPLAY_BATCH` are kept in
-flight.
+Here the log's :class:`~gpupool.eventlog.log_client.LogClient` appends each message to
+the inbox's list itself (:meth:`LogClient.raw_inbox`: no call per message; the inbox is
+told once per read of the socket); the reader takes the list as one batch once a pull's
+worth has arrived, decodes it (:func:`~gpupool.eventlog.port.read_plain`, else
+:func:`~gpupool.eventlog.port.read_entries`) and hands it on whole (:func:`pulled_batches`),
+while the server already sends the next: two pull requests of :data:`REPLAY_BATCH` are
+kept in flight.
 
 **Which consumer.** :func:`pulled_batches` is given an *opener*: a coroutine that
 creates a pull consumer without acks on the replay's filter starting at a sequence, and
@@ -51,7 +53,7 @@ import nats.js.errors
 from nats.js import api
 
 from gpupool.eventlog.log_client import LogClient, status_description
-from gpupool.eventlog.port import Entry, EventLogClosed, read_entries
+from gpupool.eventlog.port import Entry, EventLogClosed, read_entries, read_plain
 
 logger = logging.getLogger(__name__)
 
@@ -119,27 +121,24 @@ def open_ephemeral(nc: Any, stream: str, subject_filter: str) -> Opener:
 
 
 class _Inbox:
-    """What one consumer's pulls delivered, filled by the client's reader loop (the sink)."""
+    """What one consumer's pulls delivered, filled by the client's reader loop
+    (a :class:`~gpupool.eventlog.log_client.RawInbox`)."""
 
-    __slots__ = ("arrived", "messages", "status", "wake", "want")
+    __slots__ = ("messages", "status", "wake", "want")
 
     def __init__(self) -> None:
         self.messages: list[tuple[bytes, bytes, bytes]] = []
-        self.arrived = 0
         self.status: bytes | None = None
         self.want = 1
         self.wake = asyncio.Event()
 
-    def sink(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        if headers is not None and headers.startswith(b"NATS/1.0 "):
-            if headers[9:12] != b"100":  # a heartbeat says nothing
-                self.status = headers
-                self.wake.set()
-            return
-        messages = self.messages
-        messages.append((subject, reply, data))
-        self.arrived += 1
-        if len(messages) >= self.want:
+    def on_status(self, headers: bytes) -> None:
+        if headers[9:12] != b"100":  # a heartbeat says nothing
+            self.status = headers
+            self.wake.set()
+
+    def on_delivered(self) -> None:
+        if len(self.messages) >= self.want:
             self.wake.set()
 
 
@@ -228,6 +227,8 @@ class _Consumer:
         self._subjects = subjects
         self._target = target
         self._handed = 0
+        self._taken = 0
+        """Deliveries taken from the inbox (handed out, or past the target)."""
         self._requested = 0
         self._expected = 1
         """The consumer sequence of the next delivery."""
@@ -238,7 +239,7 @@ class _Consumer:
         self._given_up: str | None = None
 
     async def start(self) -> None:
-        self._subscription = await self._nc.raw_subscribe(self._inbox_subject, self._inbox.sink)
+        self._subscription = await self._nc.raw_inbox(self._inbox_subject, self._inbox)
         self._replay._inbox = self._inbox
 
     async def close(self) -> None:
@@ -255,7 +256,7 @@ class _Consumer:
         """Keep up to PULLS_IN_FLIGHT requests' worth outstanding, never past the target."""
         inbox = self._inbox
         while (
-            self._requested - inbox.arrived < PULLS_IN_FLIGHT * REPLAY_BATCH
+            self._requested - (self._taken + len(inbox.messages)) < PULLS_IN_FLIGHT * REPLAY_BATCH
             and self._requested < self._target
         ):
             count = min(REPLAY_BATCH, self._target - self._requested)
@@ -289,8 +290,10 @@ class _Consumer:
         if self._replay.closed:
             raise EventLogClosed(f"event log {self._stream} closed during a replay")
         messages, inbox.messages = inbox.messages, []
+        self._taken += len(messages)
         subjects = self._subjects
         batch: list[Entry] = []
+        append = batch.append
         handed = 0
         expected = self._expected
         gap: str | None = None
@@ -307,7 +310,11 @@ class _Consumer:
             text = subjects.get(subject)
             if text is None:
                 text = subjects[subject] = subject.decode()
-            batch += read_entries(seq, text, data)
+            entry = read_plain(seq, text, data)  # the common case, no tuple
+            if entry is not None:
+                append(entry)
+            else:
+                batch += read_entries(seq, text, data)
             handed += 1
         self._expected = expected
         self._handed += handed

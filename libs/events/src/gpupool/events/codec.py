@@ -194,7 +194,12 @@ def encode_envelope(envelope: Envelope) -> bytes:
 def _decode_current(data: bytes) -> Envelope | None:
     """The common case in one decode: a current-version envelope, small and shallow enough to
     need no depth scan. None: anything else (the checked path then decodes it or says why)."""
-    if len(data) > MAX_ENTRY_BYTES or data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH:
+    if len(data) > MAX_ENTRY_BYTES:
+        return None
+    brackets = data.count(b"{")
+    if b"[" in data:  # (most entries hold no array: one search instead of a second count)
+        brackets += data.count(b"[")
+    if brackets > MAX_JSON_DEPTH:
         return None
     try:
         envelope: Envelope = _decoder.decode(data)
@@ -257,16 +262,24 @@ def encode_entry(envelopes: tuple[Envelope, ...] | list[Envelope]) -> bytes:
     return _encoder.encode(LogEntry(envelopes=tuple(envelopes)))
 
 
+def decode_plain(data: bytes) -> Envelope | None:
+    """``decode_entry``'s most frequent case: the entry is one current envelope, small and
+    shallow enough to decode at once; None: anything else (``decode_entry`` then reads it
+    or says why). Where this returns an envelope, ``decode_entry`` returns it alone."""
+    # A decision entry as gpupool writes it, its envelopes first, goes straight to the
+    # probe. Any other decision entry never decodes so (it has no ``id``, ``time`` or
+    # ``event``, and schema 3), and an entry that does is one the probe reads as that
+    # same current envelope.
+    if data.startswith(b'{"envelopes":'):
+        return None
+    return _decode_current(data)
+
+
 def decode_entry(data: bytes) -> tuple[Envelope, ...]:
     """The envelopes of one log entry of any version; EventDecodeError on bad input."""
-    # Most entries are one current envelope: decode it at once (a decision entry as gpupool
-    # writes it, its envelopes first, goes straight to the probe). Any other decision entry
-    # never decodes so (it has no ``id``, ``time`` or ``event``, and schema 3), and an entry
-    # that does is one the probe below reads as that same current envelope.
-    if not data.startswith(b'{"envelopes":'):
-        envelope = _decode_current(data)
-        if envelope is not None:
-            return (envelope,)
+    envelope = decode_plain(data)  # most entries are one current envelope
+    if envelope is not None:
+        return (envelope,)
     version = _probe_version(data)
     if version != ENTRY_SCHEMA_VERSION:
         return (_decode_checked(data),)

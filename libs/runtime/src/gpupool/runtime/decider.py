@@ -260,9 +260,7 @@ class DeciderLoop:
         unreadable: list[Undecodable] = []
         with collection_paused():
             async for batch in self._ordered_replay():
-                new = self._fold_ordered(batch)  # a batch is folded whole, no await per entry
-                folded += len(new)
-                unreadable += [entry for entry in new if type(entry) is Undecodable]
+                folded += self._fold_ordered(batch, unreadable)  # whole, no await per entry
         self.consume_from = self.projection.last_seq + 1
         await self._set_aside_unrecorded(unreadable)
         await self._record_refusals()
@@ -328,21 +326,30 @@ class DeciderLoop:
             entry.seq, node_of_subject(entry.subject), writer_of_subject(entry.subject)
         )
 
-    def _fold_ordered(self, batch: list[Entry]) -> list[Entry]:
+    def _fold_ordered(
+        self,
+        batch: list[Entry],
+        unreadable: list[Undecodable],
+        new: list[StoredEvent] | None = None,
+    ) -> int:
         """``fold(entry, ordered=True)`` for each entry of an ordered replay's batch, the
-        common case inline (a rebuild spends its time here); returns the entries folded now."""
+        common case inline (a rebuild spends its time here); returns how many were folded
+        now. Those unreadable are added to ``unreadable``, the events to ``new`` if given
+        (a rebuild needs only the count)."""
         projection = self.projection
         apply = projection.apply
         apply_one = projection.apply_one
         writers = self._writers
         partition = self.partition
         refused = projection.refused  # a deque: take_refused clears it, never replaces it
-        new: list[Entry] = []
-        append = new.append
+        folded = 0
+        append = new.append if new is not None else None
         for entry in batch:
             if type(entry) is not StoredEvent:
                 if self.fold(entry, ordered=True):
-                    append(entry)
+                    assert type(entry) is Undecodable
+                    unreadable.append(entry)
+                    folded += 1
                 continue
             if partition is not None:
                 projection.pass_below(entry.seq)
@@ -350,17 +357,20 @@ class DeciderLoop:
             writer = writers.get(subject, _UNSEEN_SUBJECT)
             if writer is _UNSEEN_SUBJECT:
                 writer = self._writer_of(subject)
-            if entry.last and not entry.index:  # an entry of one envelope: the common case
-                if apply_one(entry.seq, entry.envelope, writer):
-                    append(entry)
-            elif apply(
-                entry.seq, entry.envelope, index=entry.index, last=entry.last, writer=writer
+            if (
+                apply_one(entry.seq, entry.envelope, writer)
+                if entry.last and not entry.index  # an entry of one envelope: the common case
+                else apply(
+                    entry.seq, entry.envelope, index=entry.index, last=entry.last, writer=writer
+                )
             ):
-                append(entry)
+                folded += 1
+                if append is not None:
+                    append(entry)
             if refused:
                 for refusal in projection.take_refused():
                     self._refusals.append(refusal_entry(subject, refusal))
-        return new
+        return folded
 
     def _writer_of(self, subject: str) -> str | None:
         """``writer_of_subject``, remembered per subject (a log has a few per node)."""
@@ -596,12 +606,12 @@ class DeciderLoop:
         if counted:
             self.catch_up_replays += 1
         unreadable = list(unreadable or ())
+        new: list[StoredEvent] = []
         async for batch in self._ordered_replay():
-            for entry in self._fold_ordered(batch):
-                if isinstance(entry, StoredEvent):
-                    self._mark_caught_up(entry)
-                else:
-                    unreadable.append(entry)
+            self._fold_ordered(batch, unreadable, new)
+            for entry in new:
+                self._mark_caught_up(entry)
+            new.clear()
         # everything up to the log's end is folded now: a rejection already recorded is seen
         await self._set_aside_unrecorded(unreadable)
         await self._record_refusals()
