@@ -1,7 +1,8 @@
 """The admission-queue decides a batch's nodes together: their decisions go to the log in one
 ``append_decisions`` call, awaited by one task; a node whose decision a conflict refused is
-decided again on its own after catching up (never twice), and stopping the service cancels
-a batch still waiting for its acknowledgements and frees its nodes."""
+decided again on its own after catching up (never twice); a node poked while a later round of
+its batch is in flight is decided (it is free once its own decision is in), and stopping the
+service cancels a batch still waiting for its acknowledgements and frees its nodes."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ WAIT_S = 10.0
 NODES = ["n1", "n2", "n3"]
 
 
-def pod_of(node: str) -> PodRef:
-    return PodRef(namespace="default", name=f"pod-{node}")
+def pod_of(node: str, number: int = 0) -> PodRef:
+    return PodRef(namespace="default", name=f"pod-{node}" + (f"-{number}" if number else ""))
 
 
 async def append_as(log: InMemoryEventLog, writer: str, event: Event) -> None:
@@ -47,7 +48,8 @@ async def append_as(log: InMemoryEventLog, writer: str, event: Event) -> None:
     )
 
 
-async def nodes_with_one_pod_each(log: InMemoryEventLog) -> None:
+async def nodes_with_one_pod_each(log: InMemoryEventLog, *, pods: int = 1) -> None:
+    """Each node one GPU; its pods take 40 % of it each (two fit)."""
     for node in NODES:
         gpus = (GpuInfo(index=0, uuid=f"GPU-{node}", memory_mib=1),)
         await append_as(
@@ -58,26 +60,29 @@ async def nodes_with_one_pod_each(log: InMemoryEventLog) -> None:
             "policy",
             NodeConfigured(node=node, policy="share-pool", qos=QosConfig(), gpu_count=1),
         )
-        await append_as(
-            log,
-            "policy",
-            PodRegistered(
-                pod=pod_of(node),
-                node=node,
-                policy="share-pool",
-                requests=Share(core=60, memory=60),
-                limits=Share(core=60, memory=60),
-                priority=0,
-                uid=f"uid-{node}",
-            ),
-        )
+        for number in range(pods):
+            await append_as(
+                log,
+                "policy",
+                PodRegistered(
+                    pod=pod_of(node, number),
+                    node=node,
+                    policy="share-pool",
+                    requests=Share(core=40, memory=40),
+                    limits=Share(core=40, memory=40),
+                    priority=0,
+                    uid=f"uid-{node}-{number}",
+                ),
+            )
 
 
-async def all_ready(log: InMemoryEventLog, loop: DeciderLoop) -> list[StoredEvent]:
-    """Every node's PodReady appended by the executor and folded: the batch to react to."""
+async def all_ready(
+    log: InMemoryEventLog, loop: DeciderLoop, nodes: Sequence[str] = NODES, number: int = 0
+) -> list[StoredEvent]:
+    """The nodes' PodReady appended by the executor and folded: the batch to react to."""
     before = loop.projection.last_seq
-    for node in NODES:
-        await append_as(log, "node-executor", PodReady(pod=pod_of(node), node=node))
+    for node in nodes:
+        await append_as(log, "node-executor", PodReady(pod=pod_of(node, number), node=node))
     await loop.rebuild()
     return [
         entry
@@ -104,6 +109,10 @@ class Batches:
         self.before: list[asyncio.Future[None] | None] = []
         self.gate = asyncio.Event()
         self.gate.set()
+        self.called = asyncio.Event()
+        """Set on each call."""
+        self.permits: asyncio.Semaphore | None = None
+        """Where set, each call's acknowledgements wait for a permit of their own."""
         self.other_replica: DeciderLoop | None = None
 
     def __getattr__(self, name: str) -> object:
@@ -111,11 +120,14 @@ class Batches:
 
     async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
         self.calls.append([event_node(d.envelopes[0].event) for d in decisions])
+        self.called.set()
         if self.other_replica is not None:  # decides n2 first, on the same PodReady
             other, self.other_replica = self.other_replica, None
             assert await other.execute(Schedule(node="n2"), node="n2")
         outcomes = await self.inner.append_decisions(decisions)
         await self.gate.wait()
+        if self.permits is not None:
+            await self.permits.acquire()
         return outcomes
 
 
@@ -158,6 +170,37 @@ async def test_a_node_refused_in_a_batch_is_decided_again_after_catching_up_neve
     assert a.projection.state.pods[pod_of("n2")].phase == "running"  # folded B's after the conflict
     assert log.calls == [NODES]  # n2 was decided again alone (execute): nothing left to assign
     assert not service._busy and not service._deciding
+
+
+async def test_a_node_poked_while_a_later_round_of_its_batch_is_in_flight_is_decided() -> None:
+    inner = InMemoryEventLog(writer="admission-queue")
+    await nodes_with_one_pod_each(inner, pods=2)
+    log = Batches(inner)
+    log.permits = asyncio.Semaphore(0)  # each batch's acknowledgements wait for a permit
+    loop = DeciderLoop(log, service="admission-queue", clock=lambda: NOW)  # type: ignore[arg-type]
+    await loop.rebuild()
+    service = AdmissionQueue()
+    service._loop = loop
+    await service.react_batch(await all_ready(inner, loop, ["n1", "n2"]))
+    # n1 poked during the first round: decided again, in a second round of the same batch
+    await service.react_batch(await all_ready(inner, loop, ["n1"], number=1))
+    log.permits.release()
+    async with asyncio.timeout(WAIT_S):
+        while log.calls != [["n1", "n2"], ["n1"]]:
+            log.called.clear()
+            await log.called.wait()  # the batch's second round
+    # n2's decision is in: poked while the second round is in flight, it is decided now
+    await service.react_batch(await all_ready(inner, loop, ["n2"], number=1))
+    assert log.calls == [["n1", "n2"], ["n1"], ["n2"]]
+    log.permits.release()
+    log.permits.release()
+    async with asyncio.timeout(WAIT_S):
+        await service.settled()
+
+    assert sorted(await assignments(inner)) == sorted(
+        pod_of(node, number) for node in ("n1", "n2") for number in (0, 1)
+    )
+    assert not service._busy and not service._deciding and not service._again
 
 
 async def test_stopping_cancels_a_batch_waiting_for_its_acknowledgements_and_frees_its_nodes() -> (

@@ -82,10 +82,11 @@ class AdmissionQueue:
             await asyncio.gather(*set(self._deciding.values()), return_exceptions=True)
 
     async def _decide_batch(self, pokes: list[tuple[str, Envelope | None]]) -> None:
-        """Decide for the poked nodes together (``DeciderLoop.execute_batch``), and again
-        for those poked meanwhile, until none is; a node whose decision did not land (a
-        conflict, a failed publish) is handed to a task of its own that decides it again
-        as ``execute`` does (catching up first).
+        """Decide for the poked nodes together (``DeciderLoop.execute_batch``), then again,
+        together, for those poked while their decisions were in flight, until none was;
+        a node not poked meanwhile is free as soon as its decision is in, and a node whose
+        decision did not land (a conflict, a failed publish) is handed to a task of its
+        own that decides it again as ``execute`` does (catching up first).
 
         Started eagerly (the poking step decides and hands the publishes to the
         connection); one task waits for the batch's PubAcks."""
@@ -93,7 +94,8 @@ class AdmissionQueue:
         loop = self._loop
         me = asyncio.current_task()
         assert me is not None
-        owned = {node for node, _ in pokes}
+        owned = dict.fromkeys(node for node, _ in pokes)
+        """The nodes whose decision this task has in flight (insertion-ordered)."""
         for node in owned:
             self._deciding[node] = me
         try:
@@ -103,7 +105,7 @@ class AdmissionQueue:
                 )
                 for index, refused in missed:
                     node, cause = pokes[index]
-                    owned.discard(node)  # still busy: the node's own task owns it now
+                    del owned[node]  # still busy: the node's own task owns it now
                     task = loop.background(
                         self._decide_while_poked(node, cause, refused),
                         name=f"schedule {node}",
@@ -111,17 +113,24 @@ class AdmissionQueue:
                     )
                     if node in self._busy:  # not finished within this step
                         self._deciding[node] = task
-                pokes = [
-                    (node, self._again.pop(node))
-                    for node, _ in pokes
-                    if node in owned and node in self._again
-                ]
+                again: list[tuple[str, Envelope | None]] = []
+                for node in list(owned):
+                    if node in self._again:
+                        again.append((node, self._again.pop(node)))
+                    else:
+                        del owned[node]
+                        self._free(node, me)
+                pokes = again
         finally:
             for node in owned:
-                self._busy.discard(node)
-                self._again.pop(node, None)
-                if self._deciding.get(node) is me:
-                    del self._deciding[node]
+                self._free(node, me)
+
+    def _free(self, node: str, task: asyncio.Task[None]) -> None:
+        """``node`` has no decision of ``task`` in flight any more: the next poke decides it."""
+        self._busy.discard(node)
+        self._again.pop(node, None)
+        if self._deciding.get(node) is task:
+            del self._deciding[node]
 
     async def _decide_while_poked(
         self, node: str, cause: Envelope | None, refused: Refusal | None
