@@ -17,6 +17,7 @@ import pytest
 from gpupool.eventlog import (
     DEFAULT_WRITER,
     ConcurrencyConflict,
+    DecisionAppend,
     Delivery,
     EventLog,
     EventLogClosed,
@@ -373,6 +374,47 @@ async def test_two_concurrent_writers_with_the_same_expectation_exactly_one_wins
         assert (len(won), len(lost)) == (1, 1), results
         base = won[0]
     assert len(await collect(event_log, node="n")) == 11
+
+
+async def test_decisions_appended_together_land_each_on_its_own_expectation(
+    event_log: EventLog,
+) -> None:
+    """``append_decisions``: one outcome per decision, in order; a conflict refuses only its own."""
+    a = await event_log.append(wrap(ready(node="a")), expected_node_seq=0)
+    rival = await event_log.append(wrap(ready(node="b")), expected_node_seq=0)
+    pair = [wrap(assigned(node="c", pod="x")), wrap(assigned(node="c", pod="y"))]
+
+    outcomes = await event_log.append_decisions(
+        [
+            DecisionAppend([wrap(assigned(node="a"))], a),
+            DecisionAppend([wrap(assigned(node="b"))], 0),  # b has an entry: refused
+            DecisionAppend(pair, 0, DEFAULT_WRITER),
+        ]
+    )
+
+    landed_a, refused, landed_c = outcomes
+    assert isinstance(landed_a, int) and isinstance(landed_c, int)
+    assert isinstance(refused, ConcurrencyConflict)
+    assert (refused.node, refused.expected, refused.actual) == ("b", 0, rival)
+    assert [e.seq for e in await collect(event_log, node="b")] == [rival]
+    assert [envelope_of(e) for e in await collect(event_log, node="c")] == pair  # one entry, whole
+    # the same decision again (its publish retried): its sequence, nothing added
+    assert await event_log.append_decisions([DecisionAppend(pair, 0, DEFAULT_WRITER)]) == [landed_c]
+    assert await event_log.last_seq() == landed_c
+
+
+async def test_a_decision_that_cannot_be_framed_fails_alone_among_decisions(
+    event_log: EventLog,
+) -> None:
+    mixed = [wrap(assigned(node="a")), wrap(assigned(node="b", pod="q"))]  # two nodes: refused
+
+    empty, two_nodes, landed = await event_log.append_decisions(
+        [DecisionAppend([]), DecisionAppend(mixed), DecisionAppend([wrap(ready(node="c"))], 0)]
+    )
+
+    assert isinstance(empty, ValueError) and isinstance(two_nodes, ValueError)
+    assert isinstance(landed, int)
+    assert [e.seq for e in await collect(event_log)] == [landed]
 
 
 # --------------------------------------------------------------------------- append_many

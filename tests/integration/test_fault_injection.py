@@ -47,7 +47,7 @@ from gpupool.core.validation import (
     PodManifest,
 )
 from gpupool.eventlog import JetStreamEventLog
-from gpupool.eventlog.port import StoredEvent
+from gpupool.eventlog.port import DecisionAppend, StoredEvent, append_each
 from gpupool.events import Envelope, GpuInfo, PodRef, ReleaseReason, Share
 from gpupool.runtime.decider import DeciderLoop
 from gpupool.runtime.projection import Projection
@@ -106,6 +106,9 @@ class FaultyLog:
             self.faults.injected["after"] += 1
             raise Crash("killed after its decision was published, before folding it")
         return seq
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        return await append_each(self, decisions)  # type: ignore[arg-type]  # through the above
 
 
 @dataclass

@@ -19,7 +19,7 @@ from core_gwt import T0, node_events, ref, registered
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.core import RequestGpu, Schedule
 from gpupool.eventlog import InMemoryEventLog
-from gpupool.eventlog.port import StoredEvent
+from gpupool.eventlog.port import DecisionAppend, StoredEvent, append_each
 from gpupool.events import Assigned, Envelope, Event, PodRef
 from gpupool.runtime.decider import DeciderLoop
 
@@ -121,6 +121,9 @@ class AnotherWriterFirst:
         return await self.inner.append_decision(
             envelopes, expected_node_seq=expected_node_seq, expected_writer=expected_writer
         )
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        return await append_each(self, decisions)  # type: ignore[arg-type]  # through the above
 
 
 async def test_a_decision_that_meets_another_writer_lands_whole_after_a_retry(

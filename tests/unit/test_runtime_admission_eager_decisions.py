@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.eventlog import InMemoryEventLog, StoredEvent
+from gpupool.eventlog.port import DecisionAppend, append_each
 from gpupool.eventlog.subjects import subject_for
 from gpupool.events import (
     Assigned,
@@ -107,6 +108,9 @@ class AckWaitsForGate:
         )
         await self.gate.wait()
         return seq
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        return await append_each(self, decisions)  # type: ignore[arg-type]  # through the above
 
 
 def assigned(envelopes: list[Envelope]) -> list[PodRef]:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from gpupool.admission_queue.service import AdmissionQueue
 from gpupool.core import Schedule
 from gpupool.eventlog import InMemoryEventLog, StoredEvent
-from gpupool.eventlog.port import Entry
+from gpupool.eventlog.port import DecisionAppend, Entry, append_each
 from gpupool.eventlog.subjects import node_entry_subject
 from gpupool.events import (
     Assigned,
@@ -157,6 +157,9 @@ class ReplicaBFirst:
         return await self.inner.append_decision(
             envelopes, expected_node_seq=expected_node_seq, expected_writer=expected_writer
         )
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        return await append_each(self, decisions)  # type: ignore[arg-type]  # through the above
 
 
 async def test_a_pipelined_decisions_conflict_waits_for_the_consumer_to_fold_the_entry() -> None:

@@ -30,6 +30,7 @@ from gpupool.core.validation import (
     PodManifest,
 )
 from gpupool.eventlog import InMemoryEventLog, StoredEvent
+from gpupool.eventlog.port import DecisionAppend, append_each
 from gpupool.events import (
     Assigned,
     Envelope,
@@ -90,6 +91,9 @@ class Interleaving:
         return await self.inner.append_decision(
             envelopes, expected_node_seq=expected_node_seq, expected_writer=expected_writer
         )
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        return await append_each(self, decisions)  # type: ignore[arg-type]  # through the above
 
 
 async def scenario(requests: list[int], cuts: list[bool], removals: list[int]) -> None:

@@ -16,6 +16,7 @@ from gpupool.eventlog.jetstream import (
 from gpupool.eventlog.memory import InMemoryEventLog, MemoryDelivery, MemorySubscription
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
+    DecisionAppend,
     Delivery,
     Entry,
     EventLog,
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_DELIVER",
     "WRITERS",
     "ConcurrencyConflict",
+    "DecisionAppend",
     "Delivery",
     "Entry",
     "EventLog",

@@ -41,6 +41,7 @@ from gpupool.eventlog.log_client import LogClient, inline_status, status_descrip
 from gpupool.eventlog.named_replay import open_replay_slot
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
+    DecisionAppend,
     Delivery,
     Entry,
     EventLogClosed,
@@ -130,6 +131,14 @@ _RETRYABLE = (
     nats.js.errors.NoStreamResponseError,
 )
 _LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
+
+
+def _conflict(node: str, expected: int, exc: nats.js.errors.APIError) -> ConcurrencyConflict:
+    """The conflict a "wrong last sequence" answer reports (the actual sequence, where named)."""
+    match = _LAST_SEQUENCE.search(exc.description or "")
+    return ConcurrencyConflict(
+        node=node, expected=expected, actual=int(match.group(1)) if match else None
+    )
 
 
 CONSUMER_EXISTS = 10148
@@ -304,6 +313,42 @@ class JetStreamEventLog:
         ``<prefix>.<node>.<expected_writer>`` instead of all of the node's entries.
         """
         self._check_open()
+        subject, data, headers = self._decision_message(
+            envelopes, expected_node_seq, expected_writer
+        )
+        envelope = envelopes[0]
+        node = event_node(envelope.event)
+        retried: list[int] = []
+        try:
+            ack = await self._publish(subject, data, headers, retried=retried)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != ERR_WRONG_LAST_SEQUENCE or expected_node_seq is None:
+                raise
+            # The server checks expectations before duplicates: a retry of an append
+            # that did land, or a second append of the same envelope, looks like a
+            # conflict. An envelope this connection appended is remembered; only a
+            # publish that was retried (its first ack may be lost) needs a look at the
+            # node's newer entries. A plain conflict costs nothing more.
+            own = self._appended.get(envelope.id)
+            if own is None and retried:
+                own = await self._find_by_id(
+                    node_subject_filter(node, prefix=self.subject_prefix),
+                    after=expected_node_seq,
+                    msg_id=envelope.id,
+                )
+            if own is not None:
+                return own
+            raise _conflict(node, expected_node_seq, exc) from None
+        self._remember(envelope.id, ack.seq)
+        return ack.seq
+
+    def _decision_message(
+        self,
+        envelopes: Sequence[Envelope],
+        expected_node_seq: int | None,
+        expected_writer: str | None,
+    ) -> tuple[str, bytes, bytes]:
+        """A decision's subject, its entry's bytes and its header block."""
         if not envelopes:
             raise ValueError("a decision holds at least one envelope")
         envelope = envelopes[0]
@@ -328,33 +373,64 @@ class JetStreamEventLog:
                 expectation_line,
             )
         data = encode_envelope(envelope) if len(envelopes) == 1 else encode_entry(list(envelopes))
-        retried: list[int] = []
+        return subject, data, headers
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        """Every decision's publish handed to the connection in this step (one write, where
+        nothing else of this connection awaits a PubAck: as a lone append), then their
+        PubAcks awaited together; a decision's own error is its outcome (none is retried:
+        its caller decides again from the folded state, which a publish that did land
+        refuses as a conflict until it is folded)."""
+        self._check_open()
+        alone = not self._mux.in_flight
+        submit = self._mux.submit
+        sent: list[tuple[DecisionAppend, asyncio.Future[bytes] | Exception]] = []
         try:
-            ack = await self._publish(subject, data, headers, retried=retried)
-        except nats.js.errors.APIError as exc:
-            if exc.err_code != ERR_WRONG_LAST_SEQUENCE or expected_node_seq is None:
-                raise
-            # The server checks expectations before duplicates: a retry of an append
-            # that did land, or a second append of the same envelope, looks like a
-            # conflict. An envelope this connection appended is remembered; only a
-            # publish that was retried (its first ack may be lost) needs a look at the
-            # node's newer entries. A plain conflict costs nothing more.
-            own = self._appended.get(envelope.id)
-            if own is None and retried:
-                own = await self._find_by_id(
-                    node_subject_filter(node, prefix=self.subject_prefix),
-                    after=expected_node_seq,
-                    msg_id=envelope.id,
-                )
-            if own is not None:
-                return own
-            match = _LAST_SEQUENCE.search(exc.description or "")
-            actual = int(match.group(1)) if match else None
-            raise ConcurrencyConflict(
-                node=node, expected=expected_node_seq, actual=actual
-            ) from None
-        self._remember(envelope.id, ack.seq)
-        return ack.seq
+            for decision in decisions:
+                try:
+                    subject, data, headers = self._decision_message(*decision)
+                    sent.append((decision, await submit(subject.encode(), data, headers)))
+                except Exception as error:  # this decision's outcome (bad input, buffer full)
+                    sent.append((decision, error))
+            if alone:
+                self._nc.write_now()  # else the flusher writes them, on its turn
+            outcomes: list[int | Exception] = []
+            for decision, future in sent:
+                if isinstance(future, Exception):
+                    outcomes.append(future)
+                    continue
+                try:
+                    ack = read_puback(await future)
+                except nats.js.errors.APIError as exc:
+                    outcomes.append(self._refusal(decision, exc))
+                    continue
+                except Exception as error:  # no answer in time, the connection lost
+                    outcomes.append(error)
+                    continue
+                self._remember(decision.envelopes[0].id, ack.seq)
+                outcomes.append(ack.seq)
+        finally:
+            abandoned = [
+                future
+                for _, future in sent
+                if isinstance(future, asyncio.Future) and not future.done()
+            ]
+            for future in abandoned:
+                future.cancel()  # cancelled while waiting: nobody reads these PubAcks
+            if abandoned:
+                self._mux.forget(abandoned)
+        return outcomes
+
+    def _refusal(self, decision: DecisionAppend, exc: nats.js.errors.APIError) -> int | Exception:
+        """A pipelined decision's error answer: its sequence where it was this connection's
+        own append already, a :class:`ConcurrencyConflict`, or the error."""
+        envelope = decision.envelopes[0]
+        if exc.err_code != ERR_WRONG_LAST_SEQUENCE or decision.expected_node_seq is None:
+            return exc
+        own = self._appended.get(envelope.id)
+        if own is not None:
+            return own
+        return _conflict(event_node(envelope.event), decision.expected_node_seq, exc)
 
     def _decision_framing(self, node: str, expected_writer: str | None) -> tuple[str, bytes, bytes]:
         """A decision's subject, its ``Nats-Expected-Stream`` header line, and its expectation's

@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
+    DecisionAppend,
     Delivery,
     Entry,
     EventLogClosed,
     StoredEvent,
+    append_each,
     check_one_node,
     entry_subject,
     read_entries,
@@ -98,6 +100,9 @@ class InMemoryEventLog:
         seq = self._store(subject, data)
         self._seq_by_id[entry_id] = seq
         return seq
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        return await append_each(self, decisions)
 
     async def append_many(
         self, envelopes: Sequence[Envelope], *, expected_node_seq: int | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -152,6 +152,32 @@ class Subscription(Protocol):
     async def __aexit__(self, *exc_info: object) -> None: ...
 
 
+class DecisionAppend(NamedTuple):
+    """One decision of :meth:`EventLog.append_decisions`: ``append_decision``'s arguments."""
+
+    envelopes: Sequence[Envelope]
+    expected_node_seq: int | None = None
+    expected_writer: str | None = None
+
+
+async def append_each(log: EventLog, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+    """:meth:`EventLog.append_decisions` one ``append_decision`` after the other (an adapter
+    with nothing to pipeline; a test's wrapper that intercepts ``append_decision``)."""
+    outcomes: list[int | Exception] = []
+    for decision in decisions:
+        try:
+            outcomes.append(
+                await log.append_decision(
+                    decision.envelopes,
+                    expected_node_seq=decision.expected_node_seq,
+                    expected_writer=decision.expected_writer,
+                )
+            )
+        except Exception as error:  # the decision's outcome; the others go on
+            outcomes.append(error)
+    return outcomes
+
+
 class EventLog(Protocol):
     """The append-only log of gpupool: ordered, replayable, deduplicated by envelope id."""
 
@@ -183,6 +209,17 @@ class EventLog(Protocol):
         With ``expected_writer`` the expectation is narrowed to the node's entries by
         that writer (``<prefix>.<node>.<writer>``): ``expected_node_seq`` is then the
         last sequence on that subject (0: none yet).
+        """
+        ...
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        """Append several decisions, each as :meth:`append_decision` would, at most one per node;
+        return one outcome each, in order: its sequence, or the error ``append_decision``
+        would have raised (:class:`ConcurrencyConflict`, a publish that failed).
+
+        The decisions are independent: one that fails leaves the others to land. An
+        adapter may pipeline them (JetStream: written together, their acknowledgements
+        awaited together); a failed one is not retried here (its caller decides again).
         """
         ...
 

@@ -24,13 +24,14 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpupool.core import Command, ReportRelease, RequestGpu, Schedule, decide
 from gpupool.eventlog.port import (
     ConcurrencyConflict,
+    DecisionAppend,
     Delivery,
     Entry,
     EventLog,
@@ -159,6 +160,40 @@ def last_entry_per_node(entries: list[StoredEvent]) -> dict[str, Envelope]:
         if node != NODELESS:
             touched[node] = entry.envelope
     return touched
+
+
+def _envelopes(
+    events: list[Event], *, node: str, cause: Envelope | None, now: datetime
+) -> list[Envelope]:
+    """A decision's events as envelopes, caused by ``cause`` (a new correlation without one)."""
+    if cause is not None:
+        correlation, causation = cause.correlation_id or cause.id, cause.id
+    else:
+        correlation, causation = new_id(), ""
+    envelopes = []
+    for event in events:
+        if event.node != node:
+            raise ValueError(
+                f"decided event for {event_node(event)!r} while executing for {node!r}"
+            )
+        envelopes.append(
+            Envelope(
+                id=new_id(),
+                time=now,
+                event=event,
+                correlation_id=correlation,
+                causation_id=causation,
+            )
+        )
+    return envelopes
+
+
+class Refusal(NamedTuple):
+    """A decision refused by a conflict: what ``execute`` learns or catches up on first."""
+
+    conflict: ConcurrencyConflict
+    scope: str | None
+    """The writer its expectation covered (None: the whole node)."""
 
 
 class DeciderLoop:
@@ -425,21 +460,33 @@ class DeciderLoop:
         self.projection.apply(seq, envelope, writer=self.writer)
 
     async def execute(
-        self, command: Command, *, node: str, cause: Envelope | None = None
+        self,
+        command: Command,
+        *,
+        node: str,
+        cause: Envelope | None = None,
+        refused: Refusal | None = None,
     ) -> list[Event]:
         """Decide on the projection and append; on a conflict, catch up and decide again.
 
         Decisions for one node are made one at a time within this process (a lock per
-        node), so only other processes can make an append conflict.
+        node), so only other processes can make an append conflict. ``refused``: the
+        conflict that refused this command's decision in :meth:`execute_batch`, caught up
+        before deciding again.
         """
         lock = self._node_locks.get(node)
         if lock is None:
             lock = self._node_locks[node] = asyncio.Lock()
         async with lock:
-            return await self._execute(command, node=node, cause=cause)
+            return await self._execute(command, node=node, cause=cause, refused=refused)
 
-    async def _execute(self, command: Command, *, node: str, cause: Envelope | None) -> list[Event]:
+    async def _execute(
+        self, command: Command, *, node: str, cause: Envelope | None, refused: Refusal | None
+    ) -> list[Event]:
         for _ in range(MAX_CONFLICT_RETRIES):
+            if refused is not None:
+                await self._after_conflict(node, refused)
+                refused = None
             now = self.clock()
             try:
                 events = decide(self.projection.state, command, now)
@@ -451,25 +498,7 @@ class DeciderLoop:
                 return []
             if not events:
                 return []
-            if cause is not None:
-                correlation, causation = cause.correlation_id or cause.id, cause.id
-            else:
-                correlation, causation = new_id(), ""
-            envelopes = []
-            for event in events:
-                if event.node != node:
-                    raise ValueError(
-                        f"decided event for {event_node(event)!r} while executing for {node!r}"
-                    )
-                envelopes.append(
-                    Envelope(
-                        id=new_id(),
-                        time=now,
-                        event=event,
-                        correlation_id=correlation,
-                        causation_id=causation,
-                    )
-                )
+            envelopes = _envelopes(events, node=node, cause=cause, now=now)
             scope = expectation_writer(command, events, self.writer)
             expected = self.projection.expected_node_seq(node, scope)
             try:
@@ -478,31 +507,101 @@ class DeciderLoop:
                     envelopes, expected_node_seq=expected, expected_writer=scope
                 )
             except ConcurrencyConflict as conflict:
-                self.conflicts += 1
-                if (
-                    scope is not None
-                    and conflict.actual is not None
-                    and self.projection.learn_writer_seq(node, scope, conflict.actual)
-                ):
-                    continue  # nothing unseen: only the subject's number was missing
-                if conflict.actual is not None and conflict.actual < expected:
-                    # The log shrinks only by an operator's purge (docs/eventlog.md,
-                    # "Retention"): the subject's entries up to `expected` are gone and none
-                    # came after them (it would be above `expected`): expect what is there.
-                    if scope is None:
-                        self.projection.node_seq[node] = conflict.actual
-                    else:
-                        self.projection.writer_seq[(node, scope)] = conflict.actual
-                    continue
-                log.info("%s: %s; catching up and deciding again", self.service, conflict)
-                if not await self._catch_up_from_consumer(conflict.actual):
-                    await self._catch_up()
+                refused = Refusal(conflict, scope)
                 continue
             self.projection.apply_entry(seq, envelopes, writer=self.writer)
             return events
         raise RuntimeError(
             f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"
         )
+
+    async def _after_conflict(self, node: str, refused: Refusal) -> None:
+        """Learn what a conflict says, or catch up, before the node's next decision."""
+        conflict, scope = refused
+        expected = conflict.expected
+        self.conflicts += 1
+        if (
+            scope is not None
+            and conflict.actual is not None
+            and self.projection.learn_writer_seq(node, scope, conflict.actual)
+        ):
+            return  # nothing unseen: only the subject's number was missing
+        if conflict.actual is not None and conflict.actual < expected:
+            # The log shrinks only by an operator's purge (docs/eventlog.md,
+            # "Retention"): the subject's entries up to `expected` are gone and none
+            # came after them (it would be above `expected`): expect what is there.
+            if scope is None:
+                self.projection.node_seq[node] = conflict.actual
+            else:
+                self.projection.writer_seq[(node, scope)] = conflict.actual
+            return
+        log.info("%s: %s; catching up and deciding again", self.service, conflict)
+        if not await self._catch_up_from_consumer(conflict.actual):
+            await self._catch_up()
+
+    async def execute_batch(
+        self, commands: Sequence[tuple[Command, str, Envelope | None]]
+    ) -> list[tuple[int, Refusal | None]]:
+        """Decide each command (``(command, node, cause)``, one per node) and append the
+        decisions together; return the indexes of those to decide again with ``execute``,
+        each with the conflict that refused its decision (to pass on as ``refused``).
+
+        Every decision is made from the projection in this step and handed to the log in
+        one call (:meth:`EventLog.append_decisions`: JetStream writes them together and
+        awaits their PubAcks together), so a batch's decisions cost one task and one
+        wait, not one each. A decision that landed is folded as ``execute`` folds it; one
+        that did not (a conflict, a failed publish) is left to ``execute``, which decides
+        it again from the folded state (after a conflict's catch-up): a decision is never
+        lost, nor made twice (a publish that did land refuses the next one on the node's
+        expectation until it is folded). So is a node whose lock is held (a decision of
+        ``execute`` in flight for it); a decision that fails to be made decides nothing,
+        as in ``execute``.
+        """
+        held: list[asyncio.Lock] = []
+        again: list[tuple[int, Refusal | None]] = []
+        decided: list[tuple[int, list[Envelope]]] = []
+        appends: list[DecisionAppend] = []
+        try:
+            for index, (command, node, cause) in enumerate(commands):
+                lock = self._node_locks.get(node)
+                if lock is None:
+                    lock = self._node_locks[node] = asyncio.Lock()
+                if lock.locked():
+                    again.append((index, None))
+                    continue
+                await lock.acquire()  # free: taken at once, without a suspension
+                held.append(lock)
+                now = self.clock()
+                try:
+                    events = decide(self.projection.state, command, now)
+                except Exception:
+                    self.decide_failures += 1
+                    log.exception("%s: deciding %s for %s failed", self.service, command, node)
+                    continue
+                if not events:
+                    continue
+                envelopes = _envelopes(events, node=node, cause=cause, now=now)
+                scope = expectation_writer(command, events, self.writer)
+                expected = self.projection.expected_node_seq(node, scope)
+                decided.append((index, envelopes))
+                appends.append(DecisionAppend(envelopes, expected, scope))
+            if appends:
+                outcomes = await self.log.append_decisions(appends)
+                for (index, envelopes), append, outcome in zip(
+                    decided, appends, outcomes, strict=True
+                ):
+                    if isinstance(outcome, int):
+                        self.projection.apply_entry(outcome, envelopes, writer=self.writer)
+                    elif isinstance(outcome, ConcurrencyConflict):
+                        again.append((index, Refusal(outcome, append.expected_writer)))
+                    else:
+                        log.info("%s: append failed (%r); deciding again", self.service, outcome)
+                        again.append((index, None))
+        finally:
+            for lock in held:
+                lock.release()
+        again.sort()
+        return again
 
     def _folded(self, seq: int) -> bool:
         """The whole entry ``seq`` is folded."""
