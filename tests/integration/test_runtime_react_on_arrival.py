@@ -254,3 +254,49 @@ async def test_a_pull_used_up_by_batches_reacted_to_on_arrival_is_renewed(
             await acked_up_to(log, seqs[-1])
         finally:
             await stopped(consumer)
+
+
+async def test_deliveries_taken_in_the_readers_step_keep_the_pull_alive_for_the_waiting_iterator(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The iterator, waiting all along while the reader's hook takes every delivery, must not
+    # read its pull's silence as a lost request: a second pull would then be outstanding.
+    # Entries keep arriving (each written once the one before was reacted to) for three
+    # times the silence it allows; the server sends no heartbeat while messages flow.
+    monkeypatch.setattr(jetstream, "PULL_SILENCE_S", 0.5)
+    monkeypatch.setattr(jetstream, "PULL_BATCH", 1_000_000)  # no renewal by count meanwhile
+    pulls = 0
+    pull = jetstream.JetStreamSubscription._pull
+
+    async def counted_pull(self: jetstream.JetStreamSubscription) -> None:
+        nonlocal pulls
+        pulls += 1
+        await pull(self)
+
+    monkeypatch.setattr(jetstream.JetStreamSubscription, "_pull", counted_pull)
+    async with logs(nats_url) as (log, writer):
+        loop = DeciderLoop(log, service="admission-queue")
+        reacted = asyncio.Event()
+        in_hook: list[bool] = []
+
+        async def react_batch(entries: list[StoredEvent]) -> None:
+            subscription = loop._subscription
+            assert isinstance(subscription, jetstream.JetStreamSubscription)
+            in_hook.append(subscription._waiting)
+            reacted.set()
+
+        consumer = await started(loop, react_batch)
+        try:
+            clock = asyncio.get_running_loop().time
+            until = clock() + 3 * 0.5
+            written = 0
+            while clock() < until:
+                reacted.clear()
+                await writer.append(note(f"steady {written}"))
+                written += 1
+                async with asyncio.timeout(WAIT_S):
+                    await reacted.wait()
+            assert sum(in_hook) >= written // 2  # the hook took most of them, not the iterator
+            assert pulls == 1
+        finally:
+            await stopped(consumer)

@@ -95,6 +95,9 @@ handler keeps failing, which should stop the service loudly, not lose the event.
 PULL_BATCH = 1024
 PULL_EXPIRES_S = 30.0
 PULL_HEARTBEAT_S = 5.0
+PULL_SILENCE_S: float | None = None
+"""How long the iterator waits with nothing received before it takes its pull request for
+lost (a reconnect) and pulls again; None: two heartbeats and a second."""
 UNEXPECTED_STATUS_BACKOFF_S = 0.1
 PIPELINE_WINDOW = 1000
 """append_many keeps at most two windows of publishes in flight (nats-py allows 4000)."""
@@ -838,6 +841,12 @@ class JetStreamEventLog:
 
 
 _Raw = tuple[bytes, bytes, bytes, bytes | None]
+
+
+def _silence_s() -> float:
+    return 2 * PULL_HEARTBEAT_S + 1 if PULL_SILENCE_S is None else PULL_SILENCE_S
+
+
 """One message of a subscriber's inbox as the raw sink got it: (subject, reply, data, headers)."""
 
 
@@ -934,6 +943,8 @@ class JetStreamSubscription:
         """The iterator waits for the inbox (``_next_item``)."""
         self._arrival_due = False
         """The hook is queued to run after the reader's parse."""
+        self._silence: asyncio.Timeout | None = None
+        """The iterator's wait for anything from its pull (``_next_item``), while it waits."""
 
     def _put(self, item: _Raw | str | None) -> None:
         self._inbox.append(item)
@@ -963,7 +974,11 @@ class JetStreamSubscription:
         try:
             taken = hook is not None and self._waiting and not self._closed and hook()
         finally:
-            if self._requested <= 0 and not self._closed:
+            silence = self._silence
+            if taken and silence is not None and not silence.expired():
+                # the pull is alive: the iterator, still waiting, did not see what came
+                silence.reschedule(asyncio.get_running_loop().time() + _silence_s())
+            if taken and self._requested <= 0 and not self._closed:
                 self._put(_PULL_AGAIN)  # the hook took the pull's last: the iterator asks again
             elif not taken or self._inbox:
                 self._arrived.set()  # what the hook left (a status, the end, a batch's rest)
@@ -1085,10 +1100,12 @@ class JetStreamSubscription:
             try:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that arrives together with a message (SIGTERM under a burst).
-                async with asyncio.timeout(2 * PULL_HEARTBEAT_S + 1):
+                # Deliveries the reader's hook takes (react_on_arrival) push it back.
+                async with asyncio.timeout(_silence_s()) as self._silence:
                     await self._arrived.wait()
             finally:
                 self._waiting = False
+                self._silence = None
         return self._inbox.popleft()
 
     async def __anext__(self) -> Delivery:
