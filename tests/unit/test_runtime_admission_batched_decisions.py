@@ -1,8 +1,8 @@
 """The admission-queue decides a batch's nodes together: their decisions go to the log in one
 ``append_decisions`` call, awaited by one task; a node whose decision a conflict refused is
 decided again on its own after catching up (never twice); a node poked while a later round of
-its batch is in flight is decided (it is free once its own decision is in), and stopping the
-service cancels a batch still waiting for its acknowledgements and frees its nodes."""
+its batch is in flight is decided (it is free once its round's decisions are in), a decision
+that landed without its acknowledgement is not booked twice, and stopping the service cancels a batch still waiting for its acknowledgements and frees its nodes."""
 
 from __future__ import annotations
 
@@ -224,3 +224,40 @@ async def test_stopping_cancels_a_batch_waiting_for_its_acknowledgements_and_fre
     assert batch.cancelled()
     assert not service._busy and not service._deciding and not service._again
     assert loop.failure is None  # a stop, not a failure
+
+
+class LostAcknowledgements(Batches):
+    """The log, whose first ``lost`` decisions land but are answered with a lost PubAck."""
+
+    def __init__(self, inner: InMemoryEventLog, lost: int) -> None:
+        super().__init__(inner)
+        self.lost = lost
+
+    async def append_decisions(self, decisions: Sequence[DecisionAppend]) -> list[int | Exception]:
+        outcomes = await super().append_decisions(decisions)
+        for index, outcome in enumerate(outcomes):
+            if self.lost and not isinstance(outcome, Exception):
+                self.lost -= 1
+                outcomes[index] = TimeoutError("the PubAck was lost (the entry landed)")
+        return outcomes
+
+
+async def test_a_decision_that_landed_without_its_acknowledgement_is_not_booked_twice() -> None:
+    inner = InMemoryEventLog(writer="admission-queue")
+    await nodes_with_one_pod_each(inner)
+    log = LostAcknowledgements(inner, lost=2)
+    loop = DeciderLoop(log, service="admission-queue", clock=lambda: NOW)  # type: ignore[arg-type]
+    await loop.rebuild()
+    service = AdmissionQueue()
+    service._loop = loop
+
+    await service.react_batch(await all_ready(inner, loop))
+    async with asyncio.timeout(WAIT_S):
+        await service.settled()
+
+    assert log.lost == 0  # two decisions' publishes failed as far as the batch knew
+    # decided again, refused on the node's expectation until the landed entry is folded:
+    # each pod is assigned once
+    assert sorted(await assignments(inner)) == sorted(pod_of(node) for node in NODES)
+    assert loop.failure is None
+    assert not service._busy and not service._deciding

@@ -196,6 +196,12 @@ class Refusal(NamedTuple):
     """The writer its expectation covered (None: the whole node)."""
 
 
+
+def _has_waiters(lock: asyncio.Lock) -> bool:
+    """``lock`` is promised to a task still waiting for it (asyncio keeps the queue private)."""
+    waiters = getattr(lock, "_waiters", None)
+    return bool(waiters) and any(not waiter.cancelled() for waiter in waiters)
+
 class DeciderLoop:
     def __init__(
         self,
@@ -566,10 +572,12 @@ class DeciderLoop:
                 lock = self._node_locks.get(node)
                 if lock is None:
                     lock = self._node_locks[node] = asyncio.Lock()
-                if lock.locked():
+                if lock.locked() or _has_waiters(lock):
+                    # held, or just released to a waiter not run yet (acquire would queue
+                    # behind it and suspend): the node's own execute decides it
                     again.append((index, None))
                     continue
-                await lock.acquire()  # free: taken at once, without a suspension
+                await lock.acquire()  # free, nobody waiting: taken at once, no suspension
                 held.append(lock)
                 now = self.clock()
                 try:

@@ -87,7 +87,7 @@ class AdmissionQueue:
     async def _decide_batch(self, pokes: list[tuple[str, Envelope | None]]) -> None:
         """Decide for the poked nodes together (``DeciderLoop.execute_batch``), then again,
         together, for those poked while their decisions were in flight, until none was;
-        a node not poked meanwhile is free as soon as its decision is in, and a node whose
+        a node not poked meanwhile is free once its round's decisions are in, and a node whose
         decision did not land (a conflict, a failed publish) is handed to a task of its
         own that decides it again as ``execute`` does (catching up first).
 
