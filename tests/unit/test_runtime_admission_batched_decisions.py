@@ -30,7 +30,8 @@ from gpupool.events import (
     encode_envelope,
     event_node,
 )
-from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.decider import DeciderLoop, _has_waiters
+from gpupool.runtime.eager import start_now
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 WAIT_S = 10.0
@@ -261,3 +262,17 @@ async def test_a_decision_that_landed_without_its_acknowledgement_is_not_booked_
     assert sorted(await assignments(inner)) == sorted(pod_of(node) for node in NODES)
     assert loop.failure is None
     assert not service._busy and not service._deciding
+
+
+async def test_a_node_lock_just_released_to_a_waiter_counts_as_held_for_a_batch() -> None:
+    # released, the lock is no longer locked() but promised to the task waiting for it: a
+    # batch taking it would queue behind that task and suspend mid-step
+    lock = asyncio.Lock()
+    await lock.acquire()
+    waiter = start_now(lock.acquire())  # queued behind the holder when this returns
+    lock.release()
+
+    assert not lock.locked() and _has_waiters(lock)
+    await waiter
+    lock.release()
+    assert not _has_waiters(lock)

@@ -196,11 +196,11 @@ class Refusal(NamedTuple):
     """The writer its expectation covered (None: the whole node)."""
 
 
-
 def _has_waiters(lock: asyncio.Lock) -> bool:
     """``lock`` is promised to a task still waiting for it (asyncio keeps the queue private)."""
-    waiters = getattr(lock, "_waiters", None)
-    return bool(waiters) and any(not waiter.cancelled() for waiter in waiters)
+    waiters = getattr(lock, "_waiters", None) or ()
+    return any(not waiter.cancelled() for waiter in waiters)
+
 
 class DeciderLoop:
     def __init__(
