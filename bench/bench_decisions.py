@@ -10,12 +10,13 @@ connection, as the services run):
 
 * latency: a node-executor makes a pod ready (``RequestGpu`` -> PodReady appended);
   the admission-queue, following the log, decides and appends the Assigned; an
-  observer (an ordered consumer of the whole log) times the arrivals of both. From
-  PodReady stored to Assigned stored: both arrivals at the observer, one path for both
-  (store -> store, whatever order this process takes its sockets in; a second row
-  times it from the PodReady's PubAck in this process, as the row did before 2026-12-02
-  #12, which reads low once the decision runs before this process takes the PubAck:
-  docs/benchmarks.md, "Deciding in the reader's step"). Baseline:
+  observer (an ordered consumer of the whole log) receives both. From PodReady stored
+  to Assigned stored by the server's store times (the timestamps in the observer's
+  deliveries' reply subjects, as bench_services.py times it); beside it, both arrivals
+  at the observer (its wake-up for the PodReady reads it low), and the row from the
+  PodReady's PubAck in this process (the row before 2026-12-02 #12, which reads low once
+  the decision runs before this process takes the PubAck: docs/benchmarks.md, "Deciding
+  in the reader's step"). Baseline:
   one raw JetStream publish -> arrival at an ordered consumer of the same kind, same
   server, one before each pod (interleaved), both samples started from an idle loop.
   The observers run in another process (``--observer process``, the default: neither
@@ -486,10 +487,10 @@ async def latency(
     stamps: Stamps | None = None,
     pause_s: float = QUIET_S,
 ) -> tuple[list[float], list[float], list[float], list[float]]:
-    """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node, both arrivals
-    at the observer's ordered consumer of the whole log (one path for both: store -> store,
-    whatever order this process's loop takes its sockets in); the same from the PodReady's
-    PubAck in this process (the row before the observer saw PodReady); and the raw
+    """PodReady stored -> Assigned stored, one pod at a time on a 1-GPU node, by the server's
+    store times of both (read from the observer's deliveries); the same as both arrivals at
+    the observer's ordered consumer of the whole log; the same from the PodReady's PubAck
+    in this process (the row before the observer saw PodReady); and the raw
     baseline, publish -> arrival, one round trip before each pod (interleaved: the same
     moments of the machine's load, the same loop with the services' consumers idle on it).
 

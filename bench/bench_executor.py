@@ -18,7 +18,8 @@ the leader of its own session, with a child each): finding each command's proces
 before (a scan of ``/proc`` per command, ``group_members``) against what it does now (the
 pids a GPU sample names, one ``/proc/<pid>/stat`` read each per round, ``process_groups``; and a pidfd
 poll per leader, ``leader_exited``), in the same run, with the number of processes the node
-runs beside it. No assertions: the figures depend on the machine.
+runs beside it. Asserts only that the executor set nothing aside (else it would measure
+refusals); the figures depend on the machine.
 """
 
 from __future__ import annotations

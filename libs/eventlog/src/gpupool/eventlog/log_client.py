@@ -15,7 +15,7 @@ synchronous *sink* for a subscription: the reader loop calls it with the undecod
 parts of every message of that subscription, and nothing else is done for it;
 :meth:`LogClient.raw_inbox` registers a list instead (a :class:`RawInbox`): the reader
 loop appends each delivery to it, and tells it once per read of the socket (and before
-any other operation or another subscription's message in that read), not once per
+any other operation or a nats-py subscription's message in that read), not once per
 message (a replay's pulls). Every other subscription is nats-py's own.
 
 The reader loop cuts the message frames out of its buffer itself (:class:`_FrameParser`):

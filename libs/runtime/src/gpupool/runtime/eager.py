@@ -3,7 +3,7 @@
 ``asyncio.create_task`` only schedules a coroutine: it starts on a later turn of the event
 loop, after every callback already waiting there (other connections' messages, other
 tasks). A decision started from a batch of deliveries (the admission-queue's, one task
-per node so the consumer goes on folding) would wait that turn before it even decides;
+per batch so the consumer goes on folding) would wait that turn before it even decides;
 started eagerly, it decides and hands its publish to the connection within the caller's
 step, and waits for the PubAck as a task.
 

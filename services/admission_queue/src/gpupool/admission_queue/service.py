@@ -13,7 +13,8 @@ the log in one call and their PubAcks awaited by one task
 events for a node arriving meanwhile are coalesced into one more decision after it
 (decided on everything folded by then). A decision is made from the folded state
 alone, so deciding later, once, on more events loses nothing; one that did not land
-(a conflict) is decided again by a task of the node's own, after a catch-up.
+(a conflict, after its catch-up; a failed publish) or was not decided in the batch (its
+node's lock held) is decided again by a task of the node's own.
 """
 
 from __future__ import annotations
