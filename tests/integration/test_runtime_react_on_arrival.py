@@ -80,30 +80,36 @@ async def stopped(consumer: asyncio.Task[None]) -> None:
     await asyncio.gather(consumer, return_exceptions=True)
 
 
+def reader_parse_watched(log: JetStreamEventLog) -> Callable[[], bool]:
+    """Whether the connection's reader is within its parse of what it read, now."""
+    parser: Any = log._nc._ps
+    parse = parser.parse
+    depth = 0
+
+    async def counted_parse(data: bytes = b"") -> None:
+        nonlocal depth
+        depth += 1
+        try:
+            await parse(data)
+        finally:
+            depth -= 1
+
+    parser.parse = counted_parse
+    return lambda: depth > 0
+
+
 async def test_a_batch_arriving_while_the_loop_waits_is_reacted_to_within_the_readers_parse(
     nats_url: str,
 ) -> None:
     async with logs(nats_url) as (log, writer):
-        parser: Any = log._nc._ps
-        parse = parser.parse
+        in_parse = reader_parse_watched(log)
         parsing: list[bool] = []
-        in_parse = 0
-
-        async def counted_parse(data: bytes = b"") -> None:
-            nonlocal in_parse
-            in_parse += 1
-            try:
-                await parse(data)
-            finally:
-                in_parse -= 1
-
-        parser.parse = counted_parse
         loop = DeciderLoop(log, service="admission-queue")
         reacted = asyncio.Event()
         seen: list[int] = []
 
         async def react_batch(entries: list[StoredEvent]) -> None:
-            parsing.append(in_parse > 0)
+            parsing.append(in_parse())
             seen.extend(entry.seq for entry in entries)
             reacted.set()
 
@@ -164,16 +170,27 @@ async def test_an_error_in_a_reaction_ends_consume_with_it_and_leaves_the_reader
     nats_url: str,
 ) -> None:
     async with logs(nats_url) as (log, writer):
+        in_parse = reader_parse_watched(log)
         loop = DeciderLoop(log, service="admission-queue")
+        first_reacted = asyncio.Event()
+        failing_in_parse: list[bool] = []
 
         async def react_batch(entries: list[StoredEvent]) -> None:
+            if not first_reacted.is_set():
+                first_reacted.set()  # the loop then waits again, within this step
+                return
+            failing_in_parse.append(in_parse())
             raise ValueError("a reaction's fault")
 
         consumer = await started(loop, react_batch)
+        await writer.append(note("written first"))
+        async with asyncio.timeout(WAIT_S):
+            await first_reacted.wait()
         await writer.append(note("written"))
         with pytest.raises(ValueError, match="a reaction's fault"):
             async with asyncio.timeout(WAIT_S):
                 await consumer
+        assert failing_in_parse == [True]  # the batch taken in the reader's step failed
         assert not loop.ready
         # the connection still reads: an append's PubAck, and a replay, come through it
         seq = await log.append(note("after the fault"))
