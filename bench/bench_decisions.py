@@ -218,10 +218,6 @@ import nats
 
 NAME = re.compile(rb'"name":"([^"]+)"')
 
-def stored_ns(reply):
-    tokens = reply.split(".")  # $JS.ACK.<stream>.<consumer>.<n>.<sseq>.<cseq>.<ts>.<pending>
-    return tokens[7] if len(tokens) == 9 else tokens[9]  # or the domain's layout
-
 async def main(url, raw_subject, raw_stream, log_filter, log_stream):
     nc = await nats.connect(url)
     js = nc.jetstream()
@@ -239,7 +235,9 @@ async def main(url, raw_subject, raw_stream, log_filter, log_stream):
         if kind:
             match = NAME.search(data)
             if match:
-                out.write(f"{kind} {match.group(1).decode()} {now!r} {stored_ns(msg.reply)}\n")
+                # the server's store time, from the delivery's reply subject
+                stored_ns = round(msg.metadata.timestamp.timestamp() * 1e9)
+                out.write(f"{kind} {match.group(1).decode()} {now!r} {stored_ns}\n")
                 out.flush()
 
     await js.subscribe(raw_subject, stream=raw_stream, cb=on_raw, ordered_consumer=True)
@@ -517,11 +515,11 @@ async def latency(
     else:
         name = re.compile(rb'"name":"([^"]+)"')
 
-        def arrived(kind: str, key: str, reply: str = "") -> None:
+        def arrived(kind: str, key: str, msg: Msg | None = None) -> None:
             observer.arrived[(kind, key)] = time.perf_counter()
-            if reply:
-                tokens = reply.split(".")
-                observer.stored_ns[(kind, key)] = int(tokens[7 if len(tokens) == 9 else 9])
+            if msg is not None:  # the server's store time, from the delivery's reply subject
+                stored = msg.metadata.timestamp.timestamp()
+                observer.stored_ns[(kind, key)] = round(stored * 1e9)
             observer.changed.set()
 
         async def on_raw(msg: Msg) -> None:
@@ -536,7 +534,7 @@ async def latency(
                 else ""
             )
             if kind and (match := name.search(msg.data)):
-                arrived(kind, match.group(1).decode(), msg.reply)
+                arrived(kind, match.group(1).decode(), msg)
 
         await js.subscribe(raw_subject, stream=raw_stream, cb=on_raw, ordered_consumer=True)
         await js.subscribe(

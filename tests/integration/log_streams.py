@@ -4,9 +4,13 @@ cannot be (tests/unit/test_tests_import_no_conftest.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from typing import Any
 
 import nats
+
+from gpupool.eventlog import JetStreamEventLog
 
 
 def unique_stream() -> tuple[str, str]:
@@ -21,3 +25,15 @@ async def delete_stream(nats_url: str, stream: str) -> None:
         await nc.jetstream().delete_stream(stream)
     finally:
         await nc.close()
+
+
+async def acked_up_to(log: JetStreamEventLog, durable: str, seq: int, *, within_s: float) -> Any:
+    """The durable's info once the server's ack floor reached ``seq``. Acks are
+    fire-and-forget and the server tells nobody when it has folded them, so its state is
+    asked again (every 50 ms, within ``within_s``) until it holds."""
+    async with asyncio.timeout(within_s):
+        while True:
+            info = await log._consumer_info(durable)
+            if info.ack_floor is not None and info.ack_floor.stream_seq == seq:
+                return info
+            await asyncio.sleep(0.05)

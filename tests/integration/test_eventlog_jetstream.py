@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from log_streams import acked_up_to
 
 from gpupool.eventlog import ConcurrencyConflict, JetStreamEventLog, StoredEvent
 from gpupool.eventlog.nats_server import NatsServerError, nats_server_process, run_nats_server
@@ -191,18 +192,6 @@ async def take_all(subscription: Any, count: int) -> list[Any]:
     return taken
 
 
-async def acked_up_to(log: JetStreamEventLog, durable: str, seq: int) -> Any:
-    """The durable's info once the server's ack floor reached ``seq``: acks are
-    fire-and-forget and the server folds them on its own time, so its state is asked
-    again (every 50 ms, within WAIT_S) until it holds."""
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            info = await log._consumer_info(durable)
-            if info.ack_floor is not None and info.ack_floor.stream_seq == seq:
-                return info
-            await asyncio.sleep(0.05)
-
-
 async def test_a_batch_acked_in_one_write_is_acknowledged_entry_by_entry(
     jetstream_log: JetStreamEventLog,
 ) -> None:
@@ -213,7 +202,7 @@ async def test_a_batch_acked_in_one_write_is_acknowledged_entry_by_entry(
     await taken[1].ack()  # acked before: not acked twice
     await subscription.ack_many(taken)
     await subscription.aclose()  # would nak anything still held
-    info = await acked_up_to(jetstream_log, subscription.durable, seqs[-1])
+    info = await acked_up_to(jetstream_log, subscription.durable, seqs[-1], within_s=WAIT_S)
     assert info.num_ack_pending == 0
     later = await jetstream_log.append(wrap(ready("n", "later")))
     again = jetstream_log.subscribe(durable="batch-acked")
@@ -247,7 +236,7 @@ async def test_a_batch_whose_ack_write_fails_stays_unacked_and_is_acked_later(
         assert sorted(d.seq for d in subscription._unacked.values()) == seqs
         await subscription.ack_many(taken)
         assert subscription._unacked == {}
-        await acked_up_to(jetstream_log, subscription.durable, seqs[-1])
+        await acked_up_to(jetstream_log, subscription.durable, seqs[-1], within_s=WAIT_S)
     finally:
         await subscription.aclose()
 

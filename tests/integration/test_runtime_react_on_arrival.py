@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from log_streams import delete_stream, unique_stream
+from log_streams import acked_up_to, delete_stream, unique_stream
 
 import gpupool.eventlog.jetstream as jetstream
 import gpupool.runtime.decider as decider
@@ -34,17 +34,6 @@ def wrap(event: Event) -> Envelope:
 
 def note(reason: str) -> Envelope:
     return wrap(MessageRejected(subject=NODELESS, reason=reason, payload=""))
-
-
-async def acked_up_to(log: JetStreamEventLog, seq: int) -> None:
-    """Until the durable's ack floor is ``seq`` (acks are fire-and-forget: the server's
-    state is asked again every 50 ms, within WAIT_S)."""
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            info = await log._consumer_info(DURABLE)
-            if info.ack_floor is not None and info.ack_floor.stream_seq == seq:
-                return
-            await asyncio.sleep(0.05)
 
 
 @asynccontextmanager
@@ -127,7 +116,7 @@ async def test_a_batch_arriving_while_the_loop_waits_is_reacted_to_within_the_re
             assert seen == [first, seq]
             assert parsing[1:] == [True]  # folded and reacted to in the reader's step
             assert loop.projection.last_seq == seq
-            await acked_up_to(log, seq)
+            await acked_up_to(log, DURABLE, seq, within_s=WAIT_S)
         finally:
             await stopped(consumer)
 
@@ -161,7 +150,7 @@ async def test_a_reaction_awaiting_its_own_append_in_the_readers_step_gets_its_p
             assert len(appended) == 2
             assert seen == sorted(seen)
             assert seen == sorted([first, second, *appended])
-            await acked_up_to(log, max(seen))
+            await acked_up_to(log, DURABLE, max(seen), within_s=WAIT_S)
         finally:
             await stopped(consumer)
 
@@ -241,7 +230,7 @@ async def test_bursts_reacted_to_on_arrival_keep_the_log_order_and_the_batch_bou
             assert set(reacted) == set(seqs) | set(notes)
             assert all(len(batch) <= 8 for batch in batches)
             assert notes  # some reactions waited
-            await acked_up_to(log, await log.last_seq())
+            await acked_up_to(log, DURABLE, await log.last_seq(), within_s=WAIT_S)
         finally:
             await stopped(consumer)
 
@@ -268,7 +257,7 @@ async def test_a_pull_used_up_by_batches_reacted_to_on_arrival_is_renewed(
                 while reacted != seqs:
                     changed.clear()
                     await changed.wait()
-            await acked_up_to(log, seqs[-1])
+            await acked_up_to(log, DURABLE, seqs[-1], within_s=WAIT_S)
         finally:
             await stopped(consumer)
 

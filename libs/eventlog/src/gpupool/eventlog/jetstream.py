@@ -841,13 +841,12 @@ class JetStreamEventLog:
 
 
 _Raw = tuple[bytes, bytes, bytes, bytes | None]
+"""One message of a subscriber's inbox as the raw sink got it: (subject, reply, data, headers)."""
 
 
 def _silence_s() -> float:
+    """``PULL_SILENCE_S``, or what it stands for (read at each wait: tests change both)."""
     return 2 * PULL_HEARTBEAT_S + 1 if PULL_SILENCE_S is None else PULL_SILENCE_S
-
-
-"""One message of a subscriber's inbox as the raw sink got it: (subject, reply, data, headers)."""
 
 
 class JetStreamDelivery:
@@ -939,12 +938,15 @@ class JetStreamSubscription:
         delivery: the proof of ``Delivery.follows`` for the next one."""
         self._on_arrival: Callable[[], bool] | None = None
         """``react_on_arrival``'s hook."""
-        self._waiting = False
-        """The iterator waits for the inbox (``_next_item``)."""
         self._arrival_due = False
         """The hook is queued to run after the reader's parse."""
         self._silence: asyncio.Timeout | None = None
         """The iterator's wait for anything from its pull (``_next_item``), while it waits."""
+
+    @property
+    def _waiting(self) -> bool:
+        """The iterator waits for the inbox (``_next_item``)."""
+        return self._silence is not None
 
     def _put(self, item: _Raw | str | None) -> None:
         self._inbox.append(item)
@@ -1096,7 +1098,6 @@ class JetStreamSubscription:
         """The inbox's next item; waits for one (raises TimeoutError after no heartbeat)."""
         while not self._inbox:
             self._arrived.clear()
-            self._waiting = True
             try:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that arrives together with a message (SIGTERM under a burst).
@@ -1104,7 +1105,6 @@ class JetStreamSubscription:
                 async with asyncio.timeout(_silence_s()) as self._silence:
                     await self._arrived.wait()
             finally:
-                self._waiting = False
                 self._silence = None
         return self._inbox.popleft()
 

@@ -154,11 +154,29 @@ def _delivery_line(buf: bytearray, pos: int) -> tuple[bytes, int, bytes, int, in
 
 
 class _FrameParser(Parser):
-    """nats-py's parser with the message frames cut out here (see the module's docstring)."""
+    """nats-py's parser with the message frames cut out here (see the module's docstring),
+    then what the sinks asked to run once the data read is cut (:meth:`LogClient.after_read`)."""
 
     nc: LogClient
 
     async def parse(self, data: bytes = b"") -> None:
+        nc = self.nc
+        nc._parsing = True
+        try:
+            await self._cut(data)
+        finally:
+            nc._parsing = False
+            if nc._after_read:
+                if _more_buffered(nc):
+                    # the reader's next read returns at once, within this step: the
+                    # callbacks run after it (a burst's deliveries stay one batch); the
+                    # turn's end runs them should the reader stop before
+                    asyncio.get_running_loop().call_soon(nc._run_after_read)
+                else:
+                    nc._run_after_read()
+
+    async def _cut(self, data: bytes) -> None:
+        """Cut what was read into frames, in the connection's order."""
         buf = self.buf
         buf.extend(data)
         if self.state != AWAITING_CONTROL_LINE:  # nats-py's parser stopped inside a frame
@@ -295,27 +313,6 @@ class _Counted:
                 inbox.on_delivered()
 
 
-class _ReadingParser(_FrameParser):
-    """The frame parser, then what the sinks asked to run once the data read is cut
-    (:meth:`LogClient.after_read`)."""
-
-    async def parse(self, data: bytes = b"") -> None:
-        nc = self.nc
-        nc._parsing = True
-        try:
-            await _FrameParser.parse(self, data)
-        finally:
-            nc._parsing = False
-            if nc._after_read:
-                if _more_buffered(nc):
-                    # the reader's next read returns at once, within this step: the
-                    # callbacks run after it (a burst's deliveries stay one batch); the
-                    # turn's end runs them should the reader stop before
-                    asyncio.get_running_loop().call_soon(nc._run_after_read)
-                else:
-                    nc._run_after_read()
-
-
 def _more_buffered(nc: Client) -> bool:
     """The connection's stream reader holds bytes not read yet (asyncio's buffer)."""
     reader = getattr(nc._transport, "_io_reader", None)
@@ -329,7 +326,7 @@ class LogClient(Client):
         super().__init__()
         self._raw_sinks: dict[int, RawSink] = {}
         self._raw_inboxes: dict[int, RawInbox] = {}
-        self._ps = _ReadingParser(self)
+        self._ps = _FrameParser(self)
         self._parsing = False
         self._after_read: list[Callable[[], None]] = []
         """Callbacks sinks queued during this parse (:meth:`after_read`)."""

@@ -333,16 +333,20 @@ def read_plain(seq: int, subject: str, data: bytes) -> StoredEvent | None:
     return None  # a disagreement: read_entries says so
 
 
-def read_entries(seq: int, subject: str, data: bytes) -> tuple[Entry, ...]:
+def read_entries(
+    seq: int, subject: str, data: bytes, *, plain_tried: bool = False
+) -> tuple[Entry, ...]:
     """Decode the bytes of one log entry into its events; garbage becomes one :class:`Undecodable`.
 
     Garbage is anything :func:`decode_entry` refuses (too large, too deep, a field out of
     range, an unknown version) and an entry whose subject names another node than its
-    events (:func:`subject_disagreement`).
+    events (:func:`subject_disagreement`). ``plain_tried``: the caller has had
+    :func:`read_plain` answer None for these bytes already (it is not asked again).
     """
-    plain = read_plain(seq, subject, data)
-    if plain is not None:  # the common case, checked against the subject's node remembered
-        return (plain,)
+    if not plain_tried:  # (a replay tried read_plain itself, to append without a tuple)
+        plain = read_plain(seq, subject, data)
+        if plain is not None:  # the common case, checked against the subject's node remembered
+            return (plain,)
     try:
         envelopes = decode_entry(data)
     except EventDecodeError as exc:

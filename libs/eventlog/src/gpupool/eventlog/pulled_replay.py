@@ -314,7 +314,7 @@ class _Consumer:
             if entry is not None:
                 append(entry)
             else:
-                batch += read_entries(seq, text, data)
+                batch += read_entries(seq, text, data, plain_tried=True)
             handed += 1
         self._expected = expected
         self._handed += handed

@@ -493,20 +493,10 @@ class DeciderLoop:
             if refused is not None:
                 await self._after_conflict(node, refused)
                 refused = None
-            now = self.clock()
-            try:
-                events = decide(self.projection.state, command, now)
-            except Exception:
-                # A fault in deciding for one node (bad state, a core bug) must not stop the
-                # service for every other node: this command decides nothing, loudly.
-                self.decide_failures += 1
-                log.exception("%s: deciding %s for %s failed", self.service, command, node)
+            decision = self._decided(command, node, cause)
+            if decision is None:
                 return []
-            if not events:
-                return []
-            envelopes = _envelopes(events, node=node, cause=cause, now=now)
-            scope = expectation_writer(command, events, self.writer)
-            expected = self.projection.expected_node_seq(node, scope)
+            events, envelopes, expected, scope = decision
             try:
                 # One decision, one entry: it lands whole or not at all.
                 seq = await self.log.append_decision(
@@ -520,6 +510,28 @@ class DeciderLoop:
         raise RuntimeError(
             f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"
         )
+
+    def _decided(
+        self, command: Command, node: str, cause: Envelope | None
+    ) -> tuple[list[Event], list[Envelope], int, str | None] | None:
+        """``command`` decided on the projection now: its events, their envelopes, and the
+        append's expectation (the node's sequence, and the writer it covers); None when it
+        decides nothing.
+
+        A fault in deciding for one node (bad state, a core bug) must not stop the service
+        for every other node: such a command decides nothing, loudly."""
+        now = self.clock()
+        try:
+            events = decide(self.projection.state, command, now)
+        except Exception:
+            self.decide_failures += 1
+            log.exception("%s: deciding %s for %s failed", self.service, command, node)
+            return None
+        if not events:
+            return None
+        envelopes = _envelopes(events, node=node, cause=cause, now=now)
+        scope = expectation_writer(command, events, self.writer)
+        return events, envelopes, self.projection.expected_node_seq(node, scope), scope
 
     async def _after_conflict(self, node: str, refused: Refusal) -> None:
         """Learn what a conflict says, or catch up, before the node's next decision."""
@@ -579,18 +591,10 @@ class DeciderLoop:
                     continue
                 await lock.acquire()  # free, nobody waiting: taken at once, no suspension
                 held.append(lock)
-                now = self.clock()
-                try:
-                    events = decide(self.projection.state, command, now)
-                except Exception:
-                    self.decide_failures += 1
-                    log.exception("%s: deciding %s for %s failed", self.service, command, node)
+                decision = self._decided(command, node, cause)
+                if decision is None:
                     continue
-                if not events:
-                    continue
-                envelopes = _envelopes(events, node=node, cause=cause, now=now)
-                scope = expectation_writer(command, events, self.writer)
-                expected = self.projection.expected_node_seq(node, scope)
+                _, envelopes, expected, scope = decision
                 decided.append((index, envelopes))
                 appends.append(DecisionAppend(envelopes, expected, scope))
             if appends:
