@@ -133,8 +133,8 @@ class Counted:
                 outer.deliveries += len(taken)
                 return taken
 
-            async def ack_many(self, deliveries: list[Any]) -> None:
-                await inner.ack_many(deliveries)  # one write, as the service's own
+            async def ack_many(self, deliveries: list[Any], **options: Any) -> None:
+                await inner.ack_many(deliveries, **options)  # one write, as the service's own
 
             async def aclose(self) -> None:
                 await inner.aclose()

@@ -15,9 +15,13 @@ ratios are printed. Then where the machine's CPU went during the run: each servi
 CPU seconds, the nats-server's, the whole machine's, the kernel's CPU pressure (the
 share of the run during which some runnable task waited for a core), and each
 process's time spent runnable but waiting for a core (``/proc/<pid>/task/*/schedstat``:
-the scheduler's run-queue wait, every thread), in all and per time slice it got; and
+the scheduler's run-queue wait, every thread), in all and per time slice it got, and its
+wake-ups (voluntary context switches, every thread) with its time on a core per wake-up; and
 what each process spends idle (its CPU over :data:`IDLE_S` after the run), so the rest
-can be put per log entry.
+can be put per log entry. The raw round trip's own process is in the wait table too: its
+time on a core per wake-up is what a wake-up costs, on this machine under this load, a
+Python process with a small fixed job (nats-py's own JetStream publish and one delivery
+to an ordered consumer per round trip), to set the services' own per wake-up against.
 Prints tables; asserts nothing.
 
     python bench/bench_services.py [--pods 200] [--gpus 8]
@@ -194,20 +198,27 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / hz, (int(fields[13]) + int(fields[14])) / hz
 
 
-def run_queue_wait(pid: int) -> tuple[float, float, int]:
-    """(on a core, runnable but waiting for one) seconds and time slices so far, summed over
-    the process's threads (``/proc/<pid>/task/*/schedstat``); exited threads are not counted."""
+def run_queue_wait(pid: int) -> tuple[float, float, int, int]:
+    """(on a core, runnable but waiting for one) seconds, time slices and wake-ups (voluntary
+    context switches: sleeps that ended) so far, summed over the process's threads
+    (``/proc/<pid>/task/*/schedstat`` and ``status``); exited threads are not counted."""
     on_cpu = waited = 0.0
-    slices = 0
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+    slices = wakes = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            run_ns, wait_ns, count = stat.read_text().split()
+            run_ns, wait_ns, count = (task / "schedstat").read_text().split()
+            status = (task / "status").read_text()
         except (OSError, ValueError):
             continue
         on_cpu += int(run_ns) / 1e9
         waited += int(wait_ns) / 1e9
         slices += int(count)
-    return on_cpu, waited, slices
+        wakes += next(
+            int(line.split()[1])
+            for line in status.splitlines()
+            if line.startswith("voluntary_ctxt_switches:")
+        )
+    return on_cpu, waited, slices, wakes
 
 
 def machine_busy() -> tuple[float, float]:
@@ -293,7 +304,10 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
             during = DuringRun()
             await during.start(stack.nats_url)
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            waits_before = {name: run_queue_wait(pid) for name, pid in pids.items()}
+            assert during.process is not None
+            # the raw round trip's process: what a wake-up costs a process with a small fixed job
+            watched = {**pids, "raw round trip's process": during.process.pid}
+            waits_before = {name: run_queue_wait(pid) for name, pid in watched.items()}
             busy_before, pressure_before = machine_busy(), cpu_pressure()
             started = time.perf_counter()
             await run_pods(stack.socket_path, pods, concurrency)
@@ -304,7 +318,7 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
                     after - before
                     for after, before in zip(run_queue_wait(pid), waits_before[name], strict=True)
                 )
-                for name, pid in pids.items()
+                for name, pid in watched.items()
             }
             during_run = await during.stop()
             await asyncio.sleep(SETTLE_S)  # the last releases folded everywhere
@@ -397,11 +411,15 @@ async def main(pods: int, gpus: int, concurrency: int) -> None:
         f"  CPU pressure: some runnable task waited for a core {pressure / elapsed:.0%} of the run"
     )
     print("\nWaiting for a core (runnable, not running; the process's threads, not its children):")
-    for name, (on_cpu, waited, slices) in sorted(waits.items(), key=lambda item: -item[1][1]):
+    for name, (on_cpu, waited, slices, wakes) in sorted(
+        waits.items(), key=lambda item: -item[1][1]
+    ):
         per_slice = waited / slices * ms if slices else float("nan")
+        per_wake = on_cpu / wakes * 1e6 if wakes else float("nan")
         print(
             f"  {name:<36}{waited:>7.2f} s waited ({waited / elapsed:.0%} of the run), "
-            f"{on_cpu:.2f} s on a core, {int(slices)} slices: {per_slice:.2f} ms waited per slice"
+            f"{on_cpu:.2f} s on a core, {int(slices)} slices: {per_slice:.2f} ms waited per slice; "
+            f"{int(wakes)} wake-ups, {per_wake:.0f} us on a core per wake-up"
         )
     kinds = Counter(
         type(entry.envelope.event).__name__ for entry in entries if isinstance(entry, StoredEvent)

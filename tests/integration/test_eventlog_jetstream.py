@@ -16,6 +16,7 @@ from log_streams import acked_up_to
 
 from gpupool.eventlog import ConcurrencyConflict, JetStreamEventLog, StoredEvent
 from gpupool.eventlog.nats_server import NatsServerError, nats_server_process, run_nats_server
+from gpupool.eventlog.wire import ack_frame
 from gpupool.events import Assigned, Envelope, Event, PodReady, PodRef
 
 pytestmark = pytest.mark.integration
@@ -239,6 +240,24 @@ async def test_a_batch_whose_ack_write_fails_stays_unacked_and_is_acked_later(
         await acked_up_to(jetstream_log, subscription.durable, seqs[-1], within_s=WAIT_S)
     finally:
         await subscription.aclose()
+
+
+@pytest.mark.parametrize("now", [True, False])
+async def test_a_batch_acked_now_is_written_in_the_acking_step_else_left_to_the_flusher(
+    jetstream_log: JetStreamEventLog, now: bool
+) -> None:
+    seqs = [await jetstream_log.append(wrap(ready("n", f"w{i}"))) for i in range(3)]
+    subscription = jetstream_log.subscribe(durable=f"batch-acked-now-{now}")
+    taken = await take_all(subscription, len(seqs))
+    try:
+        await subscription.ack_many(taken, now=now)
+        # nothing suspended since the call: the flusher has not had a turn
+        left = list(jetstream_log._nc._pending)
+        info = await acked_up_to(jetstream_log, subscription.durable, seqs[-1], within_s=WAIT_S)
+    finally:
+        await subscription.aclose()
+    assert left == ([] if now else [b"".join(ack_frame(d._reply) for d in taken)])
+    assert info.num_ack_pending == 0
 
 
 async def test_a_pipelined_append_that_fails_leaves_no_publish_waiting_for_its_puback(

@@ -100,8 +100,8 @@ class CountingSubscription:
     def take_ready(self, limit: int) -> list[Delivery]:
         return [self._count(d) for d in self._inner.take_ready(limit)]
 
-    async def ack_many(self, deliveries: list[Delivery]) -> None:
-        await self._inner.ack_many(deliveries)
+    async def ack_many(self, deliveries: list[Delivery], *, now: bool = False) -> None:
+        await self._inner.ack_many(deliveries, now=now)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -75,8 +75,8 @@ class CountingLog(InMemoryEventLog):
                 log.delivered.extend(delivery.entry.seq for delivery in taken)
                 return taken
 
-            async def ack_many(self, deliveries):  # type: ignore[no-untyped-def]
-                await inner.ack_many(deliveries)
+            async def ack_many(self, deliveries, *, now=False):  # type: ignore[no-untyped-def]
+                await inner.ack_many(deliveries, now=now)
 
             async def aclose(self) -> None:
                 await inner.aclose()

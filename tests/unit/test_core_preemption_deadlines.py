@@ -12,11 +12,11 @@ from gpupool.events import Assigned, Event, PodReady, QosConfig
 QOS = QosConfig(preempt_enabled=True, pod_max_duration_minutes=10)
 
 
-def busy_node(node: str, since_minutes: int) -> list[Event]:
+def busy_node(node: str, since_minutes: int, qos: QosConfig = QOS) -> list[Event]:
     """One pod running since ``since_minutes`` after T0, one waiting behind it."""
     runner, waiter = f"{node}-run", f"{node}-wait"
     return [
-        *node_events(1, node=node, qos=QOS),
+        *node_events(1, node=node, qos=qos),
         registered(runner, 1, 100, node=node),
         PodReady(pod=ref(runner), node=node),
         Assigned(pod=ref(runner), node=node, gpu_index=0, gpu_uuid=gpu_uuid(0, node)),
@@ -52,3 +52,26 @@ def test_a_node_with_nobody_waiting_has_no_deadline() -> None:
     deadlines.update(state, "idle", T0)
 
     assert deadlines.earliest() is None
+
+
+def test_only_a_node_that_holds_or_may_get_a_deadline_may_change_it() -> None:
+    state = given_state(
+        [(T0, event) for event in busy_node("on", 0) + busy_node("off", 0, QosConfig())]
+    )
+    deadlines = PreemptionDeadlines()
+
+    # no fairness preemption configured: update cannot give it a deadline
+    assert not deadlines.may_change(state, "off")
+    deadlines.update(state, "off", T0)
+    assert deadlines.earliest() is None
+    assert not deadlines.may_change(state, "unknown-node")
+    # configured: it may (here it does)
+    assert deadlines.may_change(state, "on")
+    deadlines.update(state, "on", T0)
+    assert deadlines.earliest() is not None
+    # a deadline held stays changeable even once the node's preemption is turned off
+    state.nodes["on"].qos = QosConfig()
+    assert deadlines.may_change(state, "on")
+    deadlines.update(state, "on", T0)
+    assert deadlines.earliest() is None
+    assert not deadlines.may_change(state, "on")

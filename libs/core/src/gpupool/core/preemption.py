@@ -157,6 +157,18 @@ class PreemptionDeadlines:
             self._at[node_name] = when
             heapq.heappush(self._heap, (when, node_name))
 
+    def may_change(self, state: State, node_name: str) -> bool:
+        """Whether :meth:`update` could change anything for the node: it holds a deadline, or
+        may get one (preemption on, a maximum duration set: see ``next_preemption_check``)."""
+        if node_name in self._at:
+            return True
+        node = state.nodes.get(node_name)
+        return (
+            node is not None
+            and node.qos.preempt_enabled
+            and node.qos.pod_max_duration_minutes is not None
+        )
+
     def earliest(self) -> tuple[datetime, str] | None:
         """The earliest deadline and its node (stale heap entries are dropped on the way)."""
         while self._heap:

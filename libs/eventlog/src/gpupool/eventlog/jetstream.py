@@ -1002,10 +1002,12 @@ class JetStreamSubscription:
             break  # a status, a renewal, the end, a folded entry: __anext__ handles it
         return taken
 
-    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+    async def ack_many(self, deliveries: Sequence[Delivery], *, now: bool = False) -> None:
         """Ack each of ``deliveries`` (this subscription's) not acked or nakked yet, in order:
         the frames each ``ack`` would queue, queued as one (one ``send_frame`` for a batch;
-        nats-py's ``out_msgs`` counts it once)."""
+        nats-py's ``out_msgs`` counts it once). ``now``: written in this step where
+        ``LogClient.write_now`` can (with every frame queued before them), else on the
+        flusher's turn: a consumer whose batch is done saves the flusher's wake-up."""
         frames: list[bytes] = []
         taken: list[JetStreamDelivery] = []
         unacked = self._unacked
@@ -1018,7 +1020,7 @@ class JetStreamSubscription:
                 taken.append(delivery)
         if frames:
             try:
-                await send_frame(self._log._nc, b"".join(frames))
+                await send_frame(self._log._nc, b"".join(frames), now=now)
             except BaseException:
                 # not acked: they stay this subscription's, nakked at its close as before
                 for delivery in taken:

@@ -311,8 +311,9 @@ class MemorySubscription:
             taken.append(delivery)
         return taken
 
-    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
-        """Ack each of ``deliveries`` in order (``JetStreamSubscription.ack_many``)."""
+    async def ack_many(self, deliveries: Sequence[Delivery], *, now: bool = False) -> None:
+        """Ack each of ``deliveries`` in order (``JetStreamSubscription.ack_many``; ``now``
+        changes nothing here: an ack is applied at once)."""
         for delivery in deliveries:
             await delivery.ack()
 

@@ -130,9 +130,12 @@ class Subscription(Protocol):
         received with this, to fold it all before deciding (batched consumption)."""
         ...
 
-    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+    async def ack_many(self, deliveries: Sequence[Delivery], *, now: bool = False) -> None:
         """Ack each of ``deliveries`` (this subscription's) in order, as ``ack`` would each;
-        an adapter may send them together (JetStream: one write of the ack frames)."""
+        an adapter may send them together (JetStream: one write of the ack frames).
+
+        ``now``: the caller writes nothing more in this step (JetStream: the frames go to
+        the socket in this step where they can, not on the flusher's turn)."""
         ...
 
     def react_on_arrival(self, hook: Callable[[], bool] | None) -> bool:

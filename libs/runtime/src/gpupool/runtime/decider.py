@@ -875,7 +875,8 @@ class DeciderLoop:
                         for entry in reactions:
                             await react(entry)
                 if not ack_before_reacting:
-                    await subscription.ack_many(deliveries)
+                    # the batch's last frames: written in this step, not on the flusher's turn
+                    await subscription.ack_many(deliveries, now=True)
                     self._unacked_held = len(self._taken)
                 async with self._consumer_lock:
                     # what a conflict's catch-up took from the consumer meanwhile

@@ -463,9 +463,11 @@ class NodeExecutor:
         if self._sessions_stopped:  # no last word: the client reconnects to the next executor
             log.info("node-executor: stopping; not taking %s's request", request.pod)
             return
-        pods_by_uid = {
-            pod.uid: pod.ref for pod in self.loop.projection.state.pods_on(self.node) if pod.uid
-        }
+        pods_by_uid = (  # only the kernel's answer is looked up (request mode: the claim)
+            {pod.uid: pod.ref for pod in self.loop.projection.state.pods_on(self.node) if pod.uid}
+            if self.identity == "kernel"
+            else {}
+        )
         identity = pod_of_peer(self.identity, request.pod, channel.peer, pods_by_uid)
         if isinstance(identity, IdentityRefused):
             log.warning("node-executor: refused a caller: %s", identity.message)
@@ -799,6 +801,12 @@ class NodeExecutor:
         workload = session.workload
         assert workload is not None
         exited = asyncio.create_task(workload.wait_exit())
+
+        def on_exit(task: asyncio.Task[int]) -> None:
+            if not task.cancelled():
+                session.change.set()  # its end is a change: one wait below, no task per wake
+
+        exited.add_done_callback(on_exit)
         try:
             while True:
                 if exited.done():
@@ -817,9 +825,7 @@ class NodeExecutor:
                     await self._end(session, "cancelled", tell_client=False)
                     return False
                 session.change.clear()
-                changed = asyncio.create_task(session.change.wait())
-                await asyncio.wait({exited, changed}, return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
+                await session.change.wait()
         finally:
             exited.cancel()
 

@@ -4,13 +4,16 @@ After every new event on a node it asks the core for a preemption plan
 (``PlanPreemption``: planned on a snapshot, only the chosen plan is emitted).
 Fairness preemption needs a clock: the core names the next moment a running pod
 crosses ``podMaxDurationMinutes`` while others wait (``next_preemption_check``),
-and a timer here wakes the service then.
+and a timer here wakes the service then. An event wakes the timer only on a node whose
+deadline may change (``PreemptionDeadlines.may_change``): without fairness preemption
+configured, a node's events cost the timer nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from contextlib import AsyncExitStack, suppress
 
 from gpupool.core import PlanPreemption, PreemptionDeadlines
@@ -49,15 +52,27 @@ class PreemptionService:
         node = entry.envelope.event.node
         if node != NODELESS:
             await self._plan(node, entry.envelope)
-            self._touched.add(node)
-            self._changed.set()
+            self._note_touched([node])
 
     async def react_batch(self, entries: list[StoredEvent]) -> None:
         """After a batch of events: plan once for each node they touched, nodes concurrently."""
         touched = last_entry_per_node(entries)
-        await asyncio.gather(*(self._plan(node, cause) for node, cause in touched.items()))
-        self._touched.update(touched)
-        self._changed.set()
+        if len(touched) == 1:  # one node: planned in this task (gather would make it one)
+            ((node, cause),) = touched.items()
+            await self._plan(node, cause)
+        else:
+            await asyncio.gather(*(self._plan(node, cause) for node, cause in touched.items()))
+        self._note_touched(touched)
+
+    def _note_touched(self, nodes: Iterable[str]) -> None:
+        """The timer recomputes these nodes' deadlines at its next pass; it is woken only for
+        nodes whose deadline may change (a node without fairness preemption has none)."""
+        assert self._loop is not None
+        state = self._loop.projection.state
+        timed = [node for node in nodes if self._deadlines.may_change(state, node)]
+        if timed:
+            self._touched.update(timed)
+            self._changed.set()
 
     async def _plan(self, node: str, cause: Envelope | None) -> None:
         assert self._loop is not None
