@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
@@ -347,33 +346,12 @@ async def _keep_snapshots(store: FileSnapshotStore, loop: DeciderLoop, every: in
             saved = await save_projection(store, loop.projection)
 
 
-def watch_children_by_pidfd() -> bool:
-    """On Python 3.11, asyncio's child processes are waited for by pidfd in the event loop,
-    as 3.12 does by default; True if this set it.
-
-    3.11's default (``ThreadedChildWatcher``) starts a thread per child that blocks in
-    ``waitpid`` and hands the exit to the loop through its self-pipe: a thread start, a GIL
-    hand-off and two wake-ups for every workload the node-executor runs. The pidfd watcher
-    polls the child's pidfd with the loop's other file descriptors. Only for the loop
-    ``asyncio.run`` makes next (the policy attaches it); without pidfds (a kernel before
-    5.3) the default stays."""
-    if sys.version_info >= (3, 12):
-        return False  # already the default where pidfds work
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except (AttributeError, OSError):
-        return False
-    asyncio.set_child_watcher(asyncio.PidfdChildWatcher())
-    return True
-
-
 def serve(main: Callable[[asyncio.Event], Awaitable[None]], *, log_level: str = "INFO") -> None:
     """Run ``main`` until it returns or SIGTERM/SIGINT arrives (then ``main``'s stop event is set)."""
     logging.basicConfig(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    watch_children_by_pidfd()
 
     async def runner() -> None:
         stop = asyncio.Event()
