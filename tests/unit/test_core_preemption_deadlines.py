@@ -55,13 +55,26 @@ def test_a_node_with_nobody_waiting_has_no_deadline() -> None:
 
 
 def test_only_a_node_that_holds_or_may_get_a_deadline_may_change_it() -> None:
+    half_configured = {
+        "no-limit": QosConfig(preempt_enabled=True),  # preemption on, no maximum duration
+        "not-on": QosConfig(pod_max_duration_minutes=10),  # a maximum, preemption off
+    }
     state = given_state(
-        [(T0, event) for event in busy_node("on", 0) + busy_node("off", 0, QosConfig())]
+        [
+            (T0, event)
+            for event in busy_node("on", 0)
+            + busy_node("off", 0, QosConfig())
+            + [e for node, qos in half_configured.items() for e in busy_node(node, 0, qos)]
+        ]
     )
     deadlines = PreemptionDeadlines()
 
     # no fairness preemption configured: update cannot give it a deadline
     assert not deadlines.may_change(state, "off")
+    for node in half_configured:  # each half of the configuration alone gives none either
+        assert not deadlines.may_change(state, node)
+        deadlines.update(state, node, T0)
+        assert deadlines.earliest() is None
     deadlines.update(state, "off", T0)
     assert deadlines.earliest() is None
     assert not deadlines.may_change(state, "unknown-node")

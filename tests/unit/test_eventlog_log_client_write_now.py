@@ -66,6 +66,20 @@ async def test_a_second_write_in_the_same_turn_is_left_to_the_flusher_and_the_ne
     assert writer.written[-1] == b"PUB c 1\r\n3\r\n"
 
 
+async def test_a_write_that_does_not_take_the_turn_leaves_the_next_write_to_this_step() -> None:
+    writer = _Writer()
+    client = await client_with(writer)
+    assert client.write_now(takes_turn=False)  # a batch's acks, its last frames
+    client._pending = [b"PUB c 1\r\n3\r\n"]
+    client._pending_data_size = 12
+    assert client.write_now()  # a decision made next in the same step
+    assert writer.written[-1] == b"PUB c 1\r\n3\r\n"
+    client._pending = [b"PUB d 1\r\n4\r\n"]
+    client._pending_data_size = 12
+    assert not client.write_now(takes_turn=False)  # that one took the turn
+    assert client._pending == [b"PUB d 1\r\n4\r\n"]
+
+
 async def test_frames_wait_for_the_flusher_while_the_socket_buffer_holds_data() -> None:
     writer = _Writer(buffered=1)
     client = await client_with(writer)

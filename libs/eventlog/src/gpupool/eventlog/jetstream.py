@@ -1007,7 +1007,9 @@ class JetStreamSubscription:
         the frames each ``ack`` would queue, queued as one (one ``send_frame`` for a batch;
         nats-py's ``out_msgs`` counts it once). ``now``: written in this step where
         ``LogClient.write_now`` can (with every frame queued before them), else on the
-        flusher's turn: a consumer whose batch is done saves the flusher's wake-up."""
+        flusher's turn: a consumer whose batch is done saves the flusher's wake-up. Such a
+        write does not count as the turn's one direct write (``write_now``'s
+        ``takes_turn``)."""
         frames: list[bytes] = []
         taken: list[JetStreamDelivery] = []
         unacked = self._unacked
@@ -1020,7 +1022,8 @@ class JetStreamSubscription:
                 taken.append(delivery)
         if frames:
             try:
-                await send_frame(self._log._nc, b"".join(frames), now=now)
+                # the batch's last frames: a decision made next in this step is written too
+                await send_frame(self._log._nc, b"".join(frames), now=now, takes_turn=False)
             except BaseException:
                 # not acked: they stay this subscription's, nakked at its close as before
                 for delivery in taken:

@@ -333,7 +333,7 @@ class LogClient(Client):
         self._wrote_now = False
         """A :meth:`write_now` wrote in this turn of the event loop (reset on the next turn)."""
 
-    def write_now(self) -> bool:
+    def write_now(self, *, takes_turn: bool = True) -> bool:
         """Write the queued frames to the socket now, in order; False where the flusher must.
 
         The flusher writes them where this does not: not connected (reconnecting frames
@@ -341,6 +341,8 @@ class LogClient(Client):
         the socket's buffer not empty (the flusher waits for it to drain), or a frame
         already written this way in this turn of the loop (the rest of the turn's frames
         go in the flusher's one write). The flusher, if woken, then finds nothing queued.
+        ``takes_turn`` False (a consumed batch's acks, its last frames): the write does not
+        count as the turn's one, so a decision made next in the same step is written too.
         """
         if self._wrote_now or not self._pending or not self.is_connected:
             return False
@@ -352,8 +354,9 @@ class LogClient(Client):
         writer = transport._io_writer
         if writer is None or writer.transport.get_write_buffer_size():
             return False
-        self._wrote_now = True
-        asyncio.get_running_loop().call_soon(self._next_turn)
+        if takes_turn:
+            self._wrote_now = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
         transport.writelines(self._pending)  # type: ignore[no-untyped-call]  # nats-py: untyped
         self._pending = []
         self._pending_data_size = 0

@@ -65,14 +65,19 @@ def check_subject(subject: bytes) -> None:
 
 
 async def send_frame(
-    nc: LogClient, frame: bytes, payload_size: int = 0, *, now: bool = False
+    nc: LogClient,
+    frame: bytes,
+    payload_size: int = 0,
+    *,
+    now: bool = False,
+    takes_turn: bool = True,
 ) -> None:
     """Queue one frame for the connection's flusher, with nats-py's publish checks.
 
     While reconnecting the frame waits in nats-py's buffer (sent after the reconnect),
     unless the buffer is full: ``OutboundBufferLimitError``, as ``publish`` raises.
     ``now``: written in this step where :meth:`LogClient.write_now` can (with every frame
-    queued before it), else left to the flusher.
+    queued before it), else left to the flusher; ``takes_turn``: as ``write_now``'s.
     """
     if nc.is_closed:
         raise nats.errors.ConnectionClosedError
@@ -87,7 +92,7 @@ async def send_frame(
     nc.stats["out_msgs"] += 1
     nc.stats["out_bytes"] += payload_size
     await nc._send_command(frame)
-    if now and nc.write_now():
+    if now and nc.write_now(takes_turn=takes_turn):
         return
     if nc._flush_queue is not None and nc._flush_queue.empty():
         await nc._flush_pending()

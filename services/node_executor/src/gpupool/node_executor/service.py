@@ -465,7 +465,7 @@ class NodeExecutor:
             return
         pods_by_uid = (  # only the kernel's answer is looked up (request mode: the claim)
             {pod.uid: pod.ref for pod in self.loop.projection.state.pods_on(self.node) if pod.uid}
-            if self.identity == "kernel"
+            if self.identity != "request"
             else {}
         )
         identity = pod_of_peer(self.identity, request.pod, channel.peer, pods_by_uid)
