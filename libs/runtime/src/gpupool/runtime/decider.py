@@ -227,6 +227,9 @@ class DeciderLoop:
         """Conflicts caught up from the service's own consumer (no replay opened)."""
         self.catch_up_replays = 0
         """Catch-ups that replayed the log (no consumer yet, or the entry was not delivered)."""
+        self.conflicts_folded_since = 0
+        """Conflicts whose refusing entry was folded by the time they were handled: decided
+        again without a catch-up."""
         self.decide_failures = 0
         self.ready = False
         self._node_locks: dict[str, asyncio.Lock] = {}
@@ -552,6 +555,12 @@ class DeciderLoop:
                 self.projection.node_seq[node] = conflict.actual
             else:
                 self.projection.writer_seq[(node, scope)] = conflict.actual
+            return
+        if conflict.actual is not None and conflict.actual <= self.projection.last_seq:
+            # Folded since the decision was made (a batch's later decisions learn their
+            # conflicts after the consumer folded the refusing entry): the entry and every
+            # one before it are folded, so deciding again needs no catch-up.
+            self.conflicts_folded_since += 1
             return
         log.info("%s: %s; catching up and deciding again", self.service, conflict)
         if not await self._catch_up_from_consumer(conflict.actual):
