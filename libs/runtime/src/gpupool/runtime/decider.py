@@ -196,6 +196,36 @@ class Refusal(NamedTuple):
     """The writer its expectation covered (None: the whole node)."""
 
 
+class ReactionWaitsOnArrival(RuntimeError):
+    """A reaction of a batch taken in the reader's step (``consume(react_on_arrival=True)``)
+    waits for a conflict's catch-up, which waits for ``consume`` to fold the entry that
+    refused the decision: ``consume`` folds nothing while that batch is not done.
+
+    Only a reaction that waits for none of its decisions may react on arrival
+    (docs/eventlog.md, "Deciding in the reader's step")."""
+
+
+def _awaits(waiting: asyncio.Future[Any], target: asyncio.Task[Any]) -> bool:
+    """``waiting`` (a task) waits for ``target``: is it, or awaits it, through the tasks and
+    gathers it awaits (asyncio keeps what a task waits for private: ``_fut_waiter``)."""
+    pending: list[asyncio.Future[Any]] = [waiting]
+    for _ in range(_AWAIT_CHAIN_LIMIT):
+        if not pending:
+            return False
+        future = pending.pop()
+        if future is target:
+            return True
+        inner = getattr(future, "_fut_waiter", None)  # what a task waits for
+        if inner is not None:
+            pending.append(inner)
+        pending.extend(getattr(future, "_children", ()))  # a gather's
+    return False
+
+
+_AWAIT_CHAIN_LIMIT = 64
+"""How many futures ``_awaits`` looks at (a chain longer than that is not followed)."""
+
+
 def _has_waiters(lock: asyncio.Lock) -> bool:
     """``lock`` is promised to a task still waiting for it (asyncio keeps the queue private)."""
     waiters = getattr(lock, "_waiters", None) or ()
@@ -227,6 +257,9 @@ class DeciderLoop:
         """Conflicts caught up from the service's own consumer (no replay opened)."""
         self.catch_up_replays = 0
         """Catch-ups that replayed the log (no consumer yet, or the entry was not delivered)."""
+        self.conflicts_folded_since = 0
+        """Conflicts whose refusing entry was folded by the time they were handled: decided
+        again without a catch-up."""
         self.decide_failures = 0
         self.ready = False
         self._node_locks: dict[str, asyncio.Lock] = {}
@@ -256,6 +289,9 @@ class DeciderLoop:
         self._holding = 0
         """Batches taken from the consumer and not done (being folded, or waiting for the
         lock): while any, a batch arriving is left to ``consume`` (after them)."""
+        self._arrival_batches: set[asyncio.Task[None]] = set()
+        """Batches taken in the reader's step (``react_on_arrival``) that went on as tasks
+        (they waited) and are not done: cancelled when ``consume`` ends."""
         self._refusals: list[Undecodable] = []
         """Envelopes the projection refused (admission_check), to record as MessageRejected."""
         self.writer: str = event_log.writer
@@ -553,6 +589,12 @@ class DeciderLoop:
             else:
                 self.projection.writer_seq[(node, scope)] = conflict.actual
             return
+        if conflict.actual is not None and conflict.actual <= self.projection.last_seq:
+            # Folded since the decision was made (a batch's later decisions learn their
+            # conflicts after the consumer folded the refusing entry): the entry and every
+            # one before it are folded, so deciding again needs no catch-up.
+            self.conflicts_folded_since += 1
+            return
         log.info("%s: %s; catching up and deciding again", self.service, conflict)
         if not await self._catch_up_from_consumer(conflict.actual):
             await self._catch_up()
@@ -642,6 +684,8 @@ class DeciderLoop:
         if self._unacked_held > CONSUME_BATCH // 2:
             # the server holds back deliveries past the durable's ack-pending limit (1,000)
             return False
+        if not self._reacting and self._arrival_batches:
+            self._refuse_wait_of_arrival_batch(actual)
         unreadable: list[Undecodable] = []
         gap = False
         try:
@@ -666,6 +710,24 @@ class DeciderLoop:
         if unreadable or self._refusals:
             await self._catch_up(unreadable)
         return True
+
+    def _refuse_wait_of_arrival_batch(self, actual: int) -> None:
+        """Raise :class:`ReactionWaitsOnArrival` if a batch taken in the reader's step awaits
+        this catch-up (it runs in that batch's task, or in a task or gather it awaits): the
+        catch-up would wait for ``consume`` to fold ``actual``, and ``consume`` waits for
+        that batch (it holds the batch lock). Looked at only on a conflict's catch-up."""
+        catching_up = asyncio.current_task()
+        if catching_up is None:
+            return
+        for batch in self._arrival_batches:
+            if _awaits(batch, catching_up):
+                raise ReactionWaitsOnArrival(
+                    f"{self.service}: a reaction of a batch taken in the reader's step "
+                    f"(react_on_arrival) waits for the catch-up after a conflict on entry "
+                    f"{actual}, which consume cannot fold before that batch is done: "
+                    "react on arrival only with reactions that wait for none of their "
+                    "decisions"
+                )
 
     async def _take_from(
         self, subscription: Subscription, actual: int, unreadable: list[Undecodable]
@@ -756,6 +818,9 @@ class DeciderLoop:
         received it (``Subscription.react_on_arrival``: the connection's reader step),
         as a task started eagerly, instead of on a later turn of the event loop; batches
         stay one at a time, in order (docs/eventlog.md, "Deciding in the reader's step").
+        A reaction of such a batch that waits for a conflict's catch-up (its own decision
+        refused) raises :class:`ReactionWaitsOnArrival`: the catch-up would wait for this
+        loop to fold, and it folds nothing before that batch is done.
 
         The durable starts (or, if it lags, restarts) right after the last entry the
         rebuild folded, so a restarted service is not handed the replayed log again.
@@ -766,7 +831,7 @@ class DeciderLoop:
         self._subscription = subscription
         self._acks_first = ack_before_reacting
         consumer = asyncio.current_task()
-        arrived: set[asyncio.Task[None]] = set()
+        arrived = self._arrival_batches
         failures: list[BaseException] = []
 
         async def fold_and_react(deliveries: list[Delivery], *, taken_by_consume: bool) -> None:
