@@ -7,8 +7,9 @@ to the callback task, and then a second queue between that callback and the read
 Here the log's :class:`~gpupool.eventlog.log_client.LogClient` appends each message to
 the inbox's list itself (:meth:`LogClient.raw_inbox`: no call per message; the inbox is
 told once per read of the socket); the reader takes the list as one batch once a pull's
-worth has arrived, decodes it (:func:`~gpupool.eventlog.port.read_plain`, else
-:func:`~gpupool.eventlog.port.read_entries`) and hands it on whole (:func:`pulled_batches`),
+worth has arrived, reads its reply subjects' numbers in one split (:func:`_delivered`),
+decodes it in one go (:func:`~gpupool.eventlog.port.read_batch`: ``read_entries`` of each
+entry, the plain envelopes in one decode) and hands it on whole (:func:`pulled_batches`),
 while the server already sends the next: two pull requests of :data:`REPLAY_BATCH` are
 kept in flight.
 
