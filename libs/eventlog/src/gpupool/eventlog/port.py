@@ -8,9 +8,10 @@ real. docs/eventlog.md describes subjects, headers, consumers and dead letters.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import msgspec
 
@@ -27,6 +28,7 @@ from gpupool.events import (
     MessageRejected,
     decode_entry,
     decode_plain,
+    decode_plain_many,
     event_node,
 )
 from gpupool.events.limits import MAX_MESSAGE, MAX_NODE_NAME
@@ -350,8 +352,8 @@ def read_entries(
         plain = read_plain(seq, subject, data)
         if plain is not None:  # the common case, checked against the subject's node remembered
             return (plain,)
-    try:
-        envelopes = decode_entry(data)
+    try:  # read_plain decoded these bytes as one current envelope, if they are one
+        envelopes = decode_entry(data, plain_tried=True)
     except EventDecodeError as exc:
         return (Undecodable(seq=seq, subject=subject, data=data, error=str(exc)),)
     disagreement = subject_disagreement(subject, envelopes)
@@ -364,6 +366,40 @@ def read_entries(
         StoredEvent(seq=seq, subject=subject, envelope=envelope, index=index, last=index == last)
         for index, envelope in enumerate(envelopes)
     )
+
+
+_EVENT_NODE = operator.attrgetter("event.node")  # event_node
+
+
+def read_batch(seqs: Sequence[int], subjects: Sequence[str], datas: Sequence[bytes]) -> list[Entry]:
+    """The entries of several log entries (``seqs[i]``, ``subjects[i]``, ``datas[i]``), in
+    order: ``read_entries`` of each, concatenated (a replay's batch).
+
+    The entries that are one current envelope are decoded together
+    (:func:`decode_plain_many`), checked against the nodes their subjects name all at once
+    and made StoredEvents without a call per entry here; each of the others is read as
+    ``read_entries`` reads it (``tests/unit/test_eventlog_read_batch.py`` holds the two to
+    each other)."""
+    envelopes = decode_plain_many(datas)
+    named: dict[str, object] = {}
+    for subject in set(subjects):  # a batch has a few subjects
+        node = _SUBJECT_NODES.get(subject, _UNSEEN)
+        named[subject] = _subject_node(subject) if node is _UNSEEN else node
+    if (
+        None not in envelopes
+        and None not in named.values()
+        and list(map(_EVENT_NODE, envelopes)) == list(map(named.__getitem__, subjects))
+    ):  # every entry one current envelope for the node its subject names
+        return list(map(StoredEvent, seqs, subjects, cast(list[Envelope], envelopes)))
+    entries: list[Entry] = []
+    for seq, subject, data, envelope in zip(seqs, subjects, datas, envelopes, strict=True):
+        if envelope is not None:
+            node = named[subject]
+            if node is None or envelope.event.node == node:  # read_plain's answer
+                entries.append(StoredEvent(seq, subject, envelope))
+                continue
+        entries += read_entries(seq, subject, data, plain_tried=True)
+    return entries
 
 
 def read_entry(seq: int, subject: str, data: bytes) -> Entry:

@@ -7,8 +7,9 @@ to the callback task, and then a second queue between that callback and the read
 Here the log's :class:`~gpupool.eventlog.log_client.LogClient` appends each message to
 the inbox's list itself (:meth:`LogClient.raw_inbox`: no call per message; the inbox is
 told once per read of the socket); the reader takes the list as one batch once a pull's
-worth has arrived, decodes it (:func:`~gpupool.eventlog.port.read_plain`, else
-:func:`~gpupool.eventlog.port.read_entries`) and hands it on whole (:func:`pulled_batches`),
+worth has arrived, reads its reply subjects' numbers in one split (:func:`_delivered`),
+decodes it in one go (:func:`~gpupool.eventlog.port.read_batch`: ``read_entries`` of each
+entry, the plain envelopes in one decode) and hands it on whole (:func:`pulled_batches`),
 while the server already sends the next: two pull requests of :data:`REPLAY_BATCH` are
 kept in flight.
 
@@ -45,7 +46,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import nats.errors
@@ -53,7 +54,7 @@ import nats.js.errors
 from nats.js import api
 
 from gpupool.eventlog.log_client import LogClient, status_description
-from gpupool.eventlog.port import Entry, EventLogClosed, read_entries, read_plain
+from gpupool.eventlog.port import Entry, EventLogClosed, read_batch
 
 logger = logging.getLogger(__name__)
 
@@ -291,32 +292,22 @@ class _Consumer:
             raise EventLogClosed(f"event log {self._stream} closed during a replay")
         messages, inbox.messages = inbox.messages, []
         self._taken += len(messages)
-        subjects = self._subjects
+        if len(messages) > left:
+            del messages[left:]
         batch: list[Entry] = []
-        append = batch.append
         handed = 0
-        expected = self._expected
         gap: str | None = None
-        for subject, reply, data in messages[:left] if len(messages) > left else messages:
-            tokens = reply.split(b".")
-            if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<n>.<seq>.<cseq>.<ts>.<pending>
-                seq, number = int(tokens[5]), int(tokens[6])
-            else:  # $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<n>.<seq>.<cseq>.…
-                seq, number = int(tokens[7]), int(tokens[8])
-            if number != expected:
-                gap = f"delivery {number} where {expected} was next"
-                break
-            expected += 1
-            text = subjects.get(subject)
-            if text is None:
-                text = subjects[subject] = subject.decode()
-            entry = read_plain(seq, text, data)  # the common case, no tuple
-            if entry is not None:
-                append(entry)
-            else:
-                batch += read_entries(seq, text, data, plain_tried=True)
-            handed += 1
-        self._expected = expected
+        if messages:
+            subject_bytes, replies, datas = zip(*messages, strict=True)
+            seqs, gap = _delivered(replies, self._expected)
+            handed = len(seqs)
+            self._expected += handed
+            if handed < len(datas):
+                subject_bytes, datas = subject_bytes[:handed], datas[:handed]
+            subjects = self._subjects
+            for subject in set(subject_bytes).difference(subjects):
+                subjects[subject] = subject.decode()
+            batch = read_batch(seqs, list(map(subjects.__getitem__, subject_bytes)), datas)
         self._handed += handed
         status = inbox.status
         if gap is None and status is not None and self._handed < self._target:
@@ -328,6 +319,41 @@ class _Consumer:
                 raise _Reset(gap)
             self._given_up = gap  # what came before it is handed out first
         return batch, handed
+
+
+_REPLY_TOKENS = 9
+"""``$JS.ACK.<stream>.<consumer>.<delivered>.<seq>.<consumer seq>.<timestamp>.<pending>``"""
+
+
+def _delivered(replies: Sequence[bytes], expected: int) -> tuple[list[int], str | None]:
+    """The stream sequences of the deliveries with these reply subjects as long as their
+    consumer sequences follow each other from ``expected``; and, where one does not, why.
+
+    A batch of reply subjects without a domain is read in one split of them all (each
+    reply's tokens at the same places, proven by the count and by every reply's second
+    token); any other, or one whose numbers do not follow, reply by reply."""
+    count = len(replies)
+    tokens = b".".join(replies).split(b".")
+    if (
+        len(tokens) == _REPLY_TOKENS * count
+        and tokens[1::_REPLY_TOKENS].count(b"ACK") == count
+        and tokens[0::_REPLY_TOKENS].count(b"$JS") == count
+    ):
+        with contextlib.suppress(ValueError):  # (not numbers: read reply by reply)
+            if list(map(int, tokens[6::_REPLY_TOKENS])) == list(range(expected, expected + count)):
+                return list(map(int, tokens[5::_REPLY_TOKENS])), None
+    seqs: list[int] = []
+    for reply in replies:
+        tokens = reply.split(b".")
+        if len(tokens) == _REPLY_TOKENS:
+            seq, number = int(tokens[5]), int(tokens[6])
+        else:  # $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<n>.<seq>.<cseq>.…
+            seq, number = int(tokens[7]), int(tokens[8])
+        if number != expected:
+            return seqs, f"delivery {number} where {expected} was next"
+        expected += 1
+        seqs.append(seq)
+    return seqs, None
 
 
 async def _delete(nc: Any, stream: str, name: str) -> None:

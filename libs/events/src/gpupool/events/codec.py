@@ -25,9 +25,10 @@ raises :class:`EventDecodeError` saying why: never any other exception.
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import msgspec
 
@@ -217,9 +218,11 @@ def decode_envelope(data: bytes) -> Envelope:
     return _decode_checked(data)
 
 
-def _decode_checked(data: bytes) -> Envelope:
-    """``decode_envelope`` step by step: probe the version, refuse or upcast, then decode."""
-    version = _probe_version(data)
+def _decode_checked(data: bytes, version: int | None = None) -> Envelope:
+    """``decode_envelope`` step by step: probe the version, refuse or upcast, then decode
+    (``version``: the caller probed it already)."""
+    if version is None:
+        version = _probe_version(data)
     if version == ENTRY_SCHEMA_VERSION:
         raise EventDecodeError(
             "this is a decision entry (schema 3) holding several envelopes: read it with decode_entry"
@@ -275,14 +278,63 @@ def decode_plain(data: bytes) -> Envelope | None:
     return _decode_current(data)
 
 
-def decode_entry(data: bytes) -> tuple[Envelope, ...]:
-    """The envelopes of one log entry of any version; EventDecodeError on bad input."""
-    envelope = decode_plain(data)  # most entries are one current envelope
-    if envelope is not None:
-        return (envelope,)
+_PLAIN_RUN = 16
+"""Fewer entries than this are decoded one by one (``decode_plain_many``)."""
+_NOT_OPENING = bytes(c for c in range(256) if c not in b"{[\n")
+_SCHEMA = operator.attrgetter("schema")
+
+
+def decode_plain_many(datas: Sequence[bytes]) -> list[Envelope | None]:
+    """``[decode_plain(data) for data in datas]``, the entries that are one current envelope
+    decoded together, in one call of msgspec (a replay's batch): the same answers.
+
+    Entries are decoded as lines of one buffer only if that cannot shift a line onto
+    another: no entry holds a line break and each starts with ``{``, so each line is at
+    least one JSON value, and the decoder must return exactly one per line. Every entry is
+    held to ``decode_plain``'s own conditions (size, brackets, not a decision entry, the
+    current schema). A run that breaks a condition before decoding is halved until the
+    entries that break it are decoded one by one; a run the decoder refuses (garbage) is
+    decoded one by one."""
+    count = len(datas)
+    if count < _PLAIN_RUN:
+        return [decode_plain(data) for data in datas]
+    joined = b"\n".join(datas)
+    if (
+        joined.count(b"\n{") != count - 1  # an entry holds a line break or starts otherwise
+        or joined.count(b"\n") != count - 1
+        or not joined.startswith(b"{")
+        or joined.startswith(b'{"envelopes":')  # decision entries: decode_entry's
+        or b'\n{"envelopes":' in joined
+        or max(map(len, datas)) > MAX_ENTRY_BYTES
+        or max(map(len, joined.translate(None, _NOT_OPENING).split(b"\n"))) > MAX_JSON_DEPTH
+    ):
+        half = count // 2
+        return decode_plain_many(datas[:half]) + decode_plain_many(datas[half:])
+    try:
+        decoded = cast(list[Envelope | None], _decoder.decode_lines(joined))
+    except msgspec.DecodeError:
+        return [decode_plain(data) for data in datas]
+    if len(decoded) != count:  # (a line of two values; another line cannot be empty)
+        return [decode_plain(data) for data in datas]
+    if any(schema != SCHEMA_VERSION for schema in set(map(_SCHEMA, decoded))):
+        for index, envelope in enumerate(decoded):
+            if envelope is not None and envelope.schema != SCHEMA_VERSION:
+                decoded[index] = None  # an older envelope, for decode_entry to upcast
+    return decoded
+
+
+def decode_entry(data: bytes, *, plain_tried: bool = False) -> tuple[Envelope, ...]:
+    """The envelopes of one log entry of any version; EventDecodeError on bad input.
+
+    ``plain_tried``: the caller has had :func:`decode_plain` answer None for these bytes, or
+    refused what it answered (it is not decoded so again)."""
+    if not plain_tried:
+        envelope = decode_plain(data)  # most entries are one current envelope
+        if envelope is not None:
+            return (envelope,)
     version = _probe_version(data)
     if version != ENTRY_SCHEMA_VERSION:
-        return (_decode_checked(data),)
+        return (_decode_checked(data, version),)
     # the same bytes passed the depth check in _probe_version
     entry: LogEntry = _decode_bounded(_entry_decoder, data, "invalid decision entry", checked=True)
     if not entry.envelopes:
