@@ -58,10 +58,11 @@ contracts:
 pytest *ARGS:
     GPUPOOL_REQUIRE_DOCKER=1 uv run pytest -q {{ARGS}}
 
-# the pure tests (unit, contract) on Python 3.12 too, when this machine has it
+# the pure tests (unit, contract) on Python 3.12 too, when this machine has it, and the
+# workload-outlives-a-failing-executor test (3.12's asyncio killed such shims)
 [group('check')]
 pytest-3-12:
-    GPUPOOL_PYTHON_OPTIONAL=1 bash scripts/test-on-python.sh 3.12 tests/unit tests/contract
+    GPUPOOL_PYTHON_OPTIONAL=1 bash scripts/test-on-python.sh 3.12 tests/unit tests/contract tests/integration/test_node_executor_survives_failure.py
 
 # the suite on another Python (3.12, 3.13) in its own environment, .venv-VERSION
 [group('check')]

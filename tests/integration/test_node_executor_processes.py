@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import signal
@@ -216,6 +217,68 @@ async def test_exit_codes_in_shell_form(
     supervisor = ProcessSupervisor()
     workload = await start_python(supervisor, code, stdout_pipe, devnull)
     assert await supervisor.wait(workload) == expected
+
+
+def unreaped(pid: int) -> bool:
+    """Still our child (running or a zombie): ``waitid`` without reaping it finds it."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+async def test_a_workload_is_reaped_once_and_every_waiter_gets_its_exit_code(
+    stdout_pipe: Pipe, devnull: int
+) -> None:
+    supervisor = ProcessSupervisor()
+    code = "import sys; print('ready', flush=True); sys.stdin.read(); raise SystemExit(5)"
+    read_fd, write_fd = os.pipe()
+    try:
+        workload = await supervisor.start(
+            POD,
+            [sys.executable, "-c", code],
+            {"PATH": os.environ["PATH"]},
+            "/",
+            (read_fd, stdout_pipe.write_fd, devnull),
+        )
+    finally:
+        os.close(read_fd)
+    os.close(stdout_pipe.write_fd)
+    stdout_pipe.write_fd = -1
+    waiters = [asyncio.create_task(supervisor.wait(workload)) for _ in range(3)]
+    cancelled = asyncio.create_task(supervisor.wait(workload))
+    assert await stdout_pipe.line() == "ready"  # meanwhile every waiter has begun waiting
+    assert unreaped(workload.pid)
+    cancelled.cancel()
+    os.close(write_fd)  # EOF: it exits 5
+
+    async with asyncio.timeout(READY_TIMEOUT):
+        assert await asyncio.gather(*waiters) == [5, 5, 5]
+    assert cancelled.cancelled()
+    assert not unreaped(workload.pid)  # reaped: no zombie left
+    assert await supervisor.wait(workload) == 5
+
+
+async def test_a_workload_is_waited_for_through_sigchld_where_pidfds_are_unavailable(
+    stdout_pipe: Pipe, devnull: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_pidfds(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "pidfd_open: not implemented (Linux < 5.3)")
+
+    supervisor = ProcessSupervisor()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "pidfd_open", no_pidfds)
+        first = await start_python(supervisor, "raise SystemExit(6)", stdout_pipe, devnull)
+        second = await supervisor.start(
+            POD, [sys.executable, "-c", "raise SystemExit(7)"], {}, "/", (devnull, devnull, devnull)
+        )
+    async with asyncio.timeout(READY_TIMEOUT):
+        assert await supervisor.wait(first) == 6
+        assert await supervisor.wait(second) == 7
+    assert not unreaped(first.pid) and not unreaped(second.pid)
+    # the last one reaped takes the SIGCHLD handler away again
+    assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
 
 
 async def test_workload_gets_exactly_its_env_cwd_and_stdio(

@@ -11,15 +11,24 @@ group whose id is its pid. Ending it sends SIGTERM to the group, SIGKILL after t
 period if anything of it is still alive, and then *confirms* it is gone by scanning ``/proc``
 for any process still in the group or the session (so a child that moved to its own process
 group is found too). Waiting is done on pidfds, never by sleeping.
+
+A started workload's leader is not owned by an asyncio subprocess transport: one left running
+when the event loop closes (the service failed) is killed by the transport's ``close()`` on
+Python 3.12+, where no child-watcher thread keeps it alive — the shim would die with the
+executor and the command run on untracked. It is started with :class:`subprocess.Popen` (as
+asyncio would) and waited for by :class:`Child`: a pidfd in the event loop, one
+``waitpid`` when it becomes readable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import select
 import signal
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +38,8 @@ import msgspec
 
 from gpupool.events import PodRef
 from gpupool.workload import StdioFds
+
+log = logging.getLogger(__name__)
 
 DEFAULT_KILL_CONFIRM_SECONDS = 5.0
 """How long to wait, after SIGKILL, for the kernel to finish the processes off."""
@@ -99,10 +110,81 @@ class WorkloadStartFailed(RuntimeError):
         self.exit_code = 127 if isinstance(error, FileNotFoundError) else 126
 
 
+class _Unowned(subprocess.Popen[bytes]):
+    """A Popen that leaves its child to :class:`Child`: dropped as soon as the child is
+    started, it neither warns that the child still runs nor queues it for ``subprocess``'s
+    own reaping (which would take its exit status from :class:`Child`)."""
+
+    def __del__(self) -> None:
+        pass
+
+
+_WITHOUT_PIDFD: dict[asyncio.AbstractEventLoop, set[Child]] = {}
+"""Children waited for by SIGCHLD, per loop, where pidfds are unavailable (Linux before 5.3)."""
+
+
+class Child:
+    """A workload's leader started by this executor, waited for without asyncio's child watcher.
+
+    Its exit is noticed through a pidfd in the event loop (or, without pidfds, a SIGCHLD
+    handler that polls only this executor's children) and it is reaped exactly once, with one
+    ``waitpid``: no thread per child, no zombie, nothing that ends it when the loop closes.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = self._loop.create_future()
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except OSError:  # no pidfd_open (ENOSYS): SIGCHLD tells when to look
+            children = _WITHOUT_PIDFD.setdefault(self._loop, set())
+            if not children:
+                self._loop.add_signal_handler(signal.SIGCHLD, _reap_without_pidfd, self._loop)
+            children.add(self)
+        else:
+            self._loop.add_reader(self._pidfd, self._reap)
+        self._reap()  # it may have exited already (and its SIGCHLD been and gone)
+
+    def _reap(self) -> None:
+        if self._exited.done():
+            return
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (nothing here does): its status is lost
+            log.warning("node-executor: child %d was reaped elsewhere; exit status 255", self.pid)
+            code = 255
+        else:
+            if pid == 0:
+                return  # still running
+            code = shell_exit_code(os.waitstatus_to_exitcode(status))
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        else:
+            children = _WITHOUT_PIDFD.get(self._loop, set())
+            children.discard(self)
+            if not children:
+                _WITHOUT_PIDFD.pop(self._loop, None)
+                self._loop.remove_signal_handler(signal.SIGCHLD)
+        self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        """Its exit code in the shell's form; any number of waiters, each may be cancelled."""
+        return await asyncio.shield(self._exited)
+
+
+def _reap_without_pidfd(loop: asyncio.AbstractEventLoop) -> None:
+    for child in list(_WITHOUT_PIDFD.get(loop, ())):
+        child._reap()
+
+
 class Workload:
     """A started command: the leader of its own session and process group (``pid`` == pgid == sid).
 
-    ``process`` is set when this executor started it; an adopted workload (started by an
+    ``child`` is set when this executor started it; an adopted workload (started by an
     executor that crashed) has only its pid and the shim's status file.
     """
 
@@ -111,26 +193,26 @@ class Workload:
         pod: PodRef,
         pid: int,
         *,
-        process: asyncio.subprocess.Process | None = None,
+        child: Child | None = None,
         status_file: Path | None = None,
         record: Path | None = None,
     ) -> None:
         self.pod = pod
         self.pid = pid
-        self.process = process
+        self.child = child
         self.status_file = status_file
         self.record = record
         self._exit_code: int | None = None
 
     @property
     def adopted(self) -> bool:
-        return self.process is None
+        return self.child is None
 
     async def wait_exit(self) -> int:
         """The exit code in the shell's form, once the leader has exited."""
         if self._exit_code is None:
-            if self.process is not None:
-                self._exit_code = shell_exit_code(await self.process.wait())
+            if self.child is not None:
+                self._exit_code = await self.child.wait()
             else:
                 self._exit_code = await _wait_adopted(self.pid, self.status_file)
         return self._exit_code
@@ -214,7 +296,8 @@ class Termination(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def shell_exit_code(returncode: int) -> int:
-    """asyncio's returncode (negative for a signal) in the shell's form (128 + signal)."""
+    """A returncode (negative for a signal, as ``subprocess`` gives it) in the shell's form
+    (128 + signal)."""
     return 128 - returncode if returncode < 0 else returncode
 
 
@@ -447,14 +530,14 @@ class ProcessSupervisor:
         ``credentials`` (the caller's, see :func:`credentials_of`) supersede ``run_as``: the
         command gets the caller's uid, gid and groups and no capability the caller lacked.
         """
-        identity: dict[str, object] = {}
+        identity: tuple[int, int] | None = None  # Popen's user and group (no extra groups)
         command = list(argv)
         shim_options: list[str] = []
         if credentials is not None:
             shim_options += credentials.shim_options()
         elif run_as is not None and (run_as != (os.getuid(), os.getgid()) or namespaces_of):
             if namespaces_of is None and not (os.geteuid() == 0 and self.records_dir is not None):
-                identity = {"user": run_as[0], "group": run_as[1], "extra_groups": []}
+                identity = run_as
             else:
                 # the shim runs as the executor and drops to the caller for the command only:
                 # the executor's interpreter may lie where the caller cannot read (/root)
@@ -479,20 +562,25 @@ class ProcessSupervisor:
         try:
             if not argv:
                 raise ValueError("empty command")
-            process = await asyncio.create_subprocess_exec(
-                *command,
+            # as asyncio.create_subprocess_exec would start it, but owned by no transport
+            process = _Unowned(
+                command,
                 stdin=fds[0],
                 stdout=fds[1],
                 stderr=fds[2],
                 env=dict(env),
                 cwd=cwd,
+                close_fds=True,
                 start_new_session=True,
-                **identity,  # type: ignore[arg-type]
+                user=None if identity is None else identity[0],
+                group=None if identity is None else identity[1],
+                extra_groups=None if identity is None else [],
             )
         except (OSError, ValueError) as error:
             if record_path is not None:
                 record_path.unlink(missing_ok=True)
             raise WorkloadStartFailed(argv, error) from error
+        child = Child(process.pid)
         if record_path is not None and status_file is not None:
             record = WorkloadRecord(
                 pod=pod,
@@ -501,9 +589,7 @@ class ProcessSupervisor:
                 status_file=str(status_file),
             )
             _write_record(record_path, record)
-        return Workload(
-            pod, process.pid, process=process, status_file=status_file, record=record_path
-        )
+        return Workload(pod, child.pid, child=child, status_file=status_file, record=record_path)
 
     async def wait(self, workload: Workload) -> int:
         """The leader's exit code once it exits (128 + signal when a signal ended it)."""
