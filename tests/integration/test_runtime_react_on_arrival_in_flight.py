@@ -10,8 +10,9 @@ nats-server, the admission-queue's own path where it decides:
   none of their decisions may react on arrival);
 * a stop with such a batch in flight ends it, and its deliveries go to the next instance,
   decided there once;
-* a burst arriving while the consumer is held is folded in at most two batches and its
-  nodes decided in at most three ``append_decisions`` calls, not one per delivery.
+* a burst arriving while the consumer is held, in chunks each received before the next,
+  is folded in at most two batches (not one per chunk) and its nodes decided in at most
+  three ``append_decisions`` calls, not one per delivery.
 
 Every wait is on a condition (a gate the test opens, an event, the server's ack floor).
 """
@@ -276,15 +277,21 @@ async def test_a_conflict_of_a_batch_taken_in_the_readers_step_is_caught_up_from
         )
 
 
+async def decided(loop: DeciderLoop, node: str) -> None:
+    await loop.execute(Schedule(node=node), node=node)
+
+
 WAITING_REACTIONS: dict[str, Callable[[DeciderLoop, str], Awaitable[object]]] = {
-    "in the batch's own task": lambda loop, node: loop.execute(Schedule(node=node), node=node),
-    "through a task it awaits": lambda loop, node: asyncio.ensure_future(
-        loop.execute(Schedule(node=node), node=node)
-    ),
-    "through a gather it awaits": lambda loop, node: asyncio.gather(
-        loop.execute(Schedule(node=node), node=node)
+    "in the batch's own task": decided,
+    "through a task it awaits": lambda loop, node: asyncio.ensure_future(decided(loop, node)),
+    "through a gather it awaits": lambda loop, node: asyncio.gather(decided(loop, node)),
+    "through a background decision it awaits": lambda loop, node: loop.background(
+        decided(loop, node), name=f"schedule {node}"
     ),
 }
+IN_THE_BACKGROUND = {"through a background decision it awaits"}
+"""Raised in a background decision: the service fails (``DeciderLoop.failed``); the batch,
+its wait over, goes on, and consume with it."""
 
 
 @pytest.mark.parametrize("how", list(WAITING_REACTIONS))
@@ -315,14 +322,62 @@ async def test_a_reaction_on_arrival_that_waits_for_its_conflicts_catch_up_fails
             loop.consume(DURABLE, react, react_batch=react_batch, react_on_arrival=True)
         )
         try:
-            with pytest.raises(ReactionWaitsOnArrival, match="waits for the catch-up"):
+            if how in IN_THE_BACKGROUND:
                 async with asyncio.timeout(WAIT_S):
-                    await consumer
+                    await loop.failed.wait()
+                assert isinstance(loop.failure, ReactionWaitsOnArrival)
+                assert "waits for the catch-up" in str(loop.failure)
+                assert not consumer.done()
+            else:
+                with pytest.raises(ReactionWaitsOnArrival, match="waits for the catch-up"):
+                    async with asyncio.timeout(WAIT_S):
+                        await consumer
+                assert loop.failure is None
         finally:
             await stopped(consumer)
         assert loop.conflicts == 1
         assert loop.catch_up_replays == 0 and loop.catch_ups_from_consumer == 0
         assert not loop._arrival_batches
+        assert await assignments(opened["policy"]) == [pod("x1")]  # B's only
+
+
+async def test_the_admission_queue_not_pipelined_reacting_on_arrival_fails_at_its_first_conflict(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its batch reaction awaits its decisions (``settled``): the batch task awaits a gather
+    of the batch's decision task, which starts the refused node's own task eagerly, whose
+    catch-up begins within that step, before the batch awaits it (``settled`` gathers it
+    only once the batch's task ended). The catch-up looks again while it waits: refused,
+    not a stall until ``CATCH_UP_WAIT_S``."""
+    monkeypatch.setattr(jetstream, "PULL_BATCH", 1)  # the first pull: the PodReady only
+    monkeypatch.setattr(decider, "CATCH_UP_WAIT_S", 10 * WAIT_S)  # a stall outlasts the test
+    async with logs(nats_url) as opened, AsyncExitStack() as stack:
+        await cluster(opened, {"n1": ["x1"]})
+        loop = DeciderLoop(opened["admission-queue"], service="admission-queue", clock=lambda: NOW)
+        await loop.rebuild()
+        await ready(opened, "n1", "x1")
+        b = DeciderLoop(opened["admission-queue-2"], service="admission-queue", clock=lambda: NOW)
+        await b.rebuild()
+        assert await b.execute(Schedule(node="n1"), node="n1")  # the other replica: x1
+
+        service = AdmissionQueue(pipelined=False)
+        assert not service.react_on_arrival  # what the runner would pass; this test forces it
+        await service.start(loop, stack)  # nothing ready in its state yet: nothing decided
+        consumer = asyncio.create_task(
+            loop.consume(
+                DURABLE,
+                service.react,
+                react_batch=service.react_batch,
+                ack_before_reacting=service.ack_before_reacting,
+                react_on_arrival=True,
+            )
+        )
+        stack.push_async_callback(stopped, consumer)
+        async with asyncio.timeout(WAIT_S):
+            await loop.failed.wait()  # the refused node's own decision: a background one
+        assert isinstance(loop.failure, ReactionWaitsOnArrival)
+        assert loop.conflicts == 1
+        assert loop.catch_up_replays == 0 and loop.catch_ups_from_consumer == 0
         assert await assignments(opened["policy"]) == [pod("x1")]  # B's only
 
 
@@ -456,7 +511,7 @@ async def test_a_burst_arriving_while_the_consumer_is_held_is_folded_in_two_batc
 ) -> None:
     received = 0
     enough = asyncio.Event()
-    wanted = 1 + len(BURST_NODES) * PODS_PER_NODE
+    wanted = 1  # the entry that holds the consumer, then each chunk of the burst in turn
     on_raw = jetstream.JetStreamSubscription._on_raw
 
     def counted(
@@ -500,16 +555,19 @@ async def test_a_burst_arriving_while_the_consumer_is_held_is_folded_in_two_batc
         await opened["policy"].append(note("holds the consumer"))
         async with asyncio.timeout(WAIT_S):
             await held.wait()
-        burst = await opened["node-executor"].append_many(
-            [
-                wrap(PodReady(pod=pod(name), node=node))
-                for number in range(PODS_PER_NODE)
-                for node, pods in names.items()
-                for name in pods[number : number + 1]
-            ]
-        )
-        async with asyncio.timeout(WAIT_S):
-            await enough.wait()  # the whole burst is in this process
+        # the burst in chunks, each received before the next is appended (each its own
+        # read): a reader's step that took a batch per read while the consumer is held
+        # would make one batch of each
+        burst: list[int] = []
+        for number in range(PODS_PER_NODE):
+            wanted = received + len(names)
+            enough.clear()
+            burst += await opened["node-executor"].append_many(
+                [wrap(PodReady(pod=pod(pods[number]), node=node)) for node, pods in names.items()]
+            )
+            async with asyncio.timeout(WAIT_S):
+                await enough.wait()  # this chunk is in this process
+        assert received == 1 + len(burst) == 1 + len(BURST_NODES) * PODS_PER_NODE
         assert not appends  # nothing decided while held
         gate.set()
         await a.running([name for pods in names.values() for name in pods], opened["policy"])

@@ -4,7 +4,9 @@ A batch's decisions learn their outcomes together (``DeciderLoop.execute_batch``
 refused there is decided again by its own ``execute(refused=)``, later: by then the
 service's consumer may have folded the entry that refused it (the batch's other PubAcks
 came after its delivery). That entry and every one before it are folded: the decision is
-made again on that state, without a replay of the log, and lands once.
+made again on that state, without a replay of the log, and lands once. An entry folded
+only ahead of the watermark (an own append, folded on its PubAck) says nothing of those
+before it: the decision catches up first.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+
+import pytest
 
 from gpupool.core import Schedule
 from gpupool.eventlog import InMemoryEventLog, StoredEvent
@@ -31,7 +35,7 @@ from gpupool.events import (
     Share,
     encode_envelope,
 )
-from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.decider import DeciderLoop, Refusal
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 NODE = "n1"
@@ -91,9 +95,15 @@ async def assigned(log: InMemoryEventLog) -> list[PodRef]:
     ]
 
 
-async def test_a_conflict_whose_refusing_entry_was_folded_meanwhile_is_decided_again_without_a_replay() -> (
-    None
-):
+SCOPES = ["writer-scoped", "node-wide"]
+"""What the refused decision's expectation covered: its writer's entries on the node (a
+``Schedule``'s), or all of them (``scope`` None: a configuration's, a rejection's)."""
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_a_conflict_whose_refusing_entry_was_folded_meanwhile_is_decided_again_without_a_replay(
+    scope: str,
+) -> None:
     log = ReplayCountingLog()
     await a_node_with_two_ready_pods(log)
     a = DeciderLoop(log, service="admission-queue", clock=lambda: NOW)
@@ -106,6 +116,9 @@ async def test_a_conflict_whose_refusing_entry_was_folded_meanwhile_is_decided_a
     assert index == 0 and refused is not None
     actual = refused.conflict.actual
     assert isinstance(refused.conflict, ConcurrencyConflict) and actual is not None
+    assert refused.scope == "admission-queue"
+    if scope == "node-wide":  # the same refusal, as a node-wide expectation's would read
+        refused = Refusal(refused.conflict, None)
     # A's consumer folds B's entry (and the second pod's PodReady after it) before A's node
     # task handles the conflict
     await append_as(log, "node-executor", PodReady(pod=SECOND, node=NODE))
@@ -122,6 +135,38 @@ async def test_a_conflict_whose_refusing_entry_was_folded_meanwhile_is_decided_a
     assert (a.conflicts, a.conflicts_folded_since) == (1, 1)
     assert [type(event) for event in decided] == [Assigned]
     assert await assigned(log) == [FIRST, SECOND]  # each once: B's first, A's second
+    rebuilt = DeciderLoop(log, service="admission-queue")
+    await rebuilt.rebuild()
+    assert a.projection.state == rebuilt.projection.state
+
+
+async def test_a_conflict_on_an_own_append_folded_ahead_of_the_watermark_catches_up_first() -> None:
+    """A node-wide decision refused by the loop's own (writer-scoped) append, folded on its
+    PubAck ahead of the watermark, while another writer's entry on the node below it is not
+    folded: deciding again without a catch-up would miss that entry."""
+    log = ReplayCountingLog()
+    await a_node_with_two_ready_pods(log)
+    a = DeciderLoop(log, service="admission-queue", clock=lambda: NOW)
+    await a.rebuild()
+    node_wide = a.projection.expected_node_seq(NODE)  # what a node-wide decision expects
+    await append_as(log, "node-executor", PodReady(pod=SECOND, node=NODE))  # not folded by A
+    unfolded = a.projection.last_seq + 1
+    [own] = await a.execute(Schedule(node=NODE), node=NODE)  # A's own append: the first pod
+    assert isinstance(own, Assigned) and own.pod == FIRST
+    own_seq = unfolded + 1
+    assert a.projection.last_seq == unfolded - 1 and a.projection.ahead == {own_seq}
+    assert a._folded(own_seq) and not a._folded(unfolded)
+    refused = Refusal(ConcurrencyConflict(node=NODE, expected=node_wide, actual=own_seq), None)
+    replays = log.replays
+
+    decided = await a.execute(Schedule(node=NODE), node=NODE, refused=refused)
+
+    assert (a.conflicts, a.conflicts_folded_since) == (1, 0)
+    assert (a.catch_up_replays, a.catch_ups_from_consumer) == (1, 0)  # no consumer: replayed
+    assert log.replays == replays + 1
+    assert [type(event) for event in decided] == [Assigned]  # the second pod: its PodReady
+    assert a.projection.last_seq == own_seq + 1 and not a.projection.ahead  # folded first
+    assert await assigned(log) == [FIRST, SECOND]
     rebuilt = DeciderLoop(log, service="admission-queue")
     await rebuilt.rebuild()
     assert a.projection.state == rebuilt.projection.state

@@ -85,6 +85,11 @@ CATCH_UP_WAIT_S = 2.0
 refused it; then it catches up with a replay instead (the entry went to another subscriber of
 the durable, or the server is that slow)."""
 
+ARRIVAL_RECHECK_S = 0.05
+"""While a batch taken in the reader's step is in flight, how often a conflict's catch-up that
+waits for ``consume`` looks again at whether that batch has come to await it (an eager task
+may start the catch-up before the batch awaits that task): :class:`ReactionWaitsOnArrival`."""
+
 
 class _CollectionPause:
     """Python's automatic garbage collection off while any rebuild folds the log.
@@ -222,8 +227,9 @@ def _awaits(waiting: asyncio.Future[Any], target: asyncio.Task[Any]) -> bool:
     return False
 
 
-_AWAIT_CHAIN_LIMIT = 64
-"""How many futures ``_awaits`` looks at (a chain longer than that is not followed)."""
+_AWAIT_CHAIN_LIMIT = 256
+"""How many futures ``_awaits`` visits in all (not a depth: each task, gather and child it
+meets counts one); what lies beyond that many is not looked at."""
 
 
 def _has_waiters(lock: asyncio.Lock) -> bool:
@@ -696,7 +702,15 @@ class DeciderLoop:
                     ):
                         gap = True
                 while not gap and not self._folded(actual):  # consume folds it
-                    await self._batch_folded.wait()
+                    if self._reacting or not self._arrival_batches:
+                        await self._batch_folded.wait()
+                        continue
+                    # a batch of the reader's step in flight may come to await this
+                    # catch-up only now (it started in an eager task the batch awaits later)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(ARRIVAL_RECHECK_S):
+                            await self._batch_folded.wait()
+                    self._refuse_wait_of_arrival_batch(actual)
         except (TimeoutError, StopAsyncIteration):
             log.info("%s: entry %d not delivered in time; replaying", self.service, actual)
             if unreadable:
@@ -715,7 +729,9 @@ class DeciderLoop:
         """Raise :class:`ReactionWaitsOnArrival` if a batch taken in the reader's step awaits
         this catch-up (it runs in that batch's task, or in a task or gather it awaits): the
         catch-up would wait for ``consume`` to fold ``actual``, and ``consume`` waits for
-        that batch (it holds the batch lock). Looked at only on a conflict's catch-up."""
+        that batch (it holds the batch lock). Looked at only on a conflict's catch-up: when
+        it starts and, while it waits for ``consume`` with such a batch in flight, each
+        :data:`ARRIVAL_RECHECK_S`."""
         catching_up = asyncio.current_task()
         if catching_up is None:
             return
