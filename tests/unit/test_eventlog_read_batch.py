@@ -25,7 +25,13 @@ from gpupool.eventlog import subject_for
 from gpupool.eventlog.port import Entry, read_batch, read_entries
 from gpupool.eventlog.pulled_replay import _delivered
 from gpupool.events import Assigned, Envelope, PodRef, decode_entry, decode_plain, decode_plain_many
-from gpupool.events.codec import MAX_JSON_DEPTH, EventDecodeError, encode_entry, encode_envelope
+from gpupool.events.codec import (
+    MAX_ENTRY_BYTES,
+    MAX_JSON_DEPTH,
+    EventDecodeError,
+    encode_entry,
+    encode_envelope,
+)
 
 GOLDEN_LOG = Path(__file__).resolve().parents[1] / "golden" / "log" / "v1-v2-v3.jsonl"
 GOLDEN_LINES = [line for line in GOLDEN_LOG.read_bytes().splitlines() if line.strip()]
@@ -142,6 +148,51 @@ def test_a_batch_of_plain_envelopes_is_one_decode_and_refuses_another_nodes_entr
     refused = read_batch(list(range(1, 101)), subjects, datas)
     assert refused[:57] == entries[:57] and refused[58:] == entries[58:]
     assert "names node 'n1'" in refused[57].error  # type: ignore[union-attr]
+
+
+def spanning_batches() -> list[list[bytes]]:
+    """Batches whose entries, joined as lines, would read as other values than each alone:
+    an unfinished entry that the next one (starting with ``{``) finishes, with an entry of
+    two envelopes further on to make up the count; and entries each within the depth limit
+    that nest far past it when read on into each other (review findings)."""
+    one = plain(0)
+    rest = [plain(i) for i in range(1, 6)] + [plain(90) + plain(91)]
+    rest += [plain(i) for i in range(6, 16)]
+    return [
+        [b'{"zz":', b'{"q":1},' + one[1:], *rest],
+        [b'{"zz":[1', b'{"q":1}],' + one[1:], *rest],
+        [b'{"a":' * 32] * 40,
+        [b'{"a":' * 32] * 1024,
+        [b'{"a":' * 31 + b"{}"] * 40,  # ends with } yet still open
+    ]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_entries_that_would_read_on_into_each_other_read_as_each_alone(index: int) -> None:
+    datas = spanning_batches()[index]
+    assert decode_plain_many(datas) == [decode_plain(data) for data in datas]
+    subjects = ["gpupool.log.n1.admission-queue"] * len(datas)
+    seqs = list(range(1, len(datas) + 1))
+    assert read_batch(seqs, subjects, datas) == one_by_one(seqs, subjects, datas)
+
+
+def test_an_envelope_over_the_size_limit_in_a_batch_is_refused_as_alone() -> None:
+    one = plain(0)
+    datas = [plain(i) for i in range(40)]
+    datas[9] = b"{" + b" " * MAX_ENTRY_BYTES + one[1:]  # valid JSON, an envelope, too large
+    subjects = ["gpupool.log.n1.admission-queue"] * 40
+    entries = read_batch(list(range(1, 41)), subjects, datas)
+    assert entries == one_by_one(list(range(1, 41)), subjects, datas)
+    assert "larger than" in entries[9].error  # type: ignore[union-attr]
+
+
+def test_a_decision_entry_shaped_as_an_envelope_too_is_left_to_decode_entry() -> None:
+    one = plain(0)
+    both = decision(3)[:-1] + b"," + one[1:]  # {"envelopes":[…],"id":…,"event":…}
+    datas = [plain(i) for i in range(40)]
+    datas[5] = both
+    assert decode_plain_many(datas) == [decode_plain(data) for data in datas]
+    assert decode_plain_many(datas)[5] is None
 
 
 def test_a_decision_entry_in_a_batch_keeps_its_envelopes_index_and_last() -> None:

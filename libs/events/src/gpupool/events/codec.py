@@ -288,39 +288,69 @@ def decode_plain_many(datas: Sequence[bytes]) -> list[Envelope | None]:
     """``[decode_plain(data) for data in datas]``, the entries that are one current envelope
     decoded together, in one call of msgspec (a replay's batch): the same answers.
 
-    Entries are decoded as lines of one buffer only if that cannot shift a line onto
-    another: no entry holds a line break and each starts with ``{``, so each line is at
-    least one JSON value, and the decoder must return exactly one per line. Every entry is
-    held to ``decode_plain``'s own conditions (size, brackets, not a decision entry, the
-    current schema). A run that breaks a condition before decoding is halved until the
+    Entries are decoded as lines of one buffer only if no value can run from one line onto
+    another: no entry holds a line break, each starts with ``{`` and ends with ``}``. A value
+    still open at a line's end would then meet that ``}`` and a ``{`` after the line break:
+    inside a string the raw line break is refused, and anywhere else in an object or array
+    a ``{`` cannot follow a value; so every value ends on its own line, and the decoder
+    must return exactly one per line (else two values shared a line). Every entry is held
+    to ``decode_plain``'s own conditions (size, brackets, not a decision entry, the current
+    schema): decision entries are left out of the joined runs (None, as ``decode_plain``
+    answers); a run that breaks another condition before decoding is halved until the
     entries that break it are decoded one by one; a run the decoder refuses (garbage) is
     decoded one by one."""
     count = len(datas)
     if count < _PLAIN_RUN:
         return [decode_plain(data) for data in datas]
+    if any(map(_IS_DECISION_ENTRY, datas)):  # decode_entry's: the runs between them joined
+        return _around_decision_entries(datas)
+    if max(map(len, datas)) > MAX_ENTRY_BYTES:
+        return _halved(datas)
     joined = b"\n".join(datas)
     if (
-        joined.count(b"\n{") != count - 1  # an entry holds a line break or starts otherwise
+        joined.count(b"}\n{") != count - 1  # an entry starts or ends otherwise, or holds a \n
         or joined.count(b"\n") != count - 1
         or not joined.startswith(b"{")
-        or joined.startswith(b'{"envelopes":')  # decision entries: decode_entry's
-        or b'\n{"envelopes":' in joined
-        or max(map(len, datas)) > MAX_ENTRY_BYTES
+        or not joined.endswith(b"}")
         or max(map(len, joined.translate(None, _NOT_OPENING).split(b"\n"))) > MAX_JSON_DEPTH
     ):
-        half = count // 2
-        return decode_plain_many(datas[:half]) + decode_plain_many(datas[half:])
+        del joined  # (not held while the halves are decoded)
+        return _halved(datas)
     try:
         decoded = cast(list[Envelope | None], _decoder.decode_lines(joined))
-    except msgspec.DecodeError:
-        return [decode_plain(data) for data in datas]
-    if len(decoded) != count:  # (a line of two values; another line cannot be empty)
+    except (msgspec.DecodeError, RecursionError):  # (no value spans lines: bounded by the
+        return [decode_plain(data) for data in datas]  # depth check; caught all the same)
+    if len(decoded) != count:  # a line of two values (no line is empty)
         return [decode_plain(data) for data in datas]
     if any(schema != SCHEMA_VERSION for schema in set(map(_SCHEMA, decoded))):
         for index, envelope in enumerate(decoded):
             if envelope is not None and envelope.schema != SCHEMA_VERSION:
                 decoded[index] = None  # an older envelope, for decode_entry to upcast
     return decoded
+
+
+_IS_DECISION_ENTRY = operator.methodcaller("startswith", b'{"envelopes":')
+
+
+def _halved(datas: Sequence[bytes]) -> list[Envelope | None]:
+    half = len(datas) // 2
+    return decode_plain_many(datas[:half]) + decode_plain_many(datas[half:])
+
+
+def _around_decision_entries(datas: Sequence[bytes]) -> list[Envelope | None]:
+    """``decode_plain_many`` of a batch holding decision entries: None for each of those,
+    the runs of other entries between them decoded together."""
+    answers: list[Envelope | None] = []
+    run = 0
+    for index, data in enumerate(datas):
+        if data.startswith(b'{"envelopes":'):
+            if run < index:
+                answers += decode_plain_many(datas[run:index])
+            answers.append(None)
+            run = index + 1
+    if run < len(datas):
+        answers += decode_plain_many(datas[run:])
+    return answers
 
 
 def decode_entry(data: bytes, *, plain_tried: bool = False) -> tuple[Envelope, ...]:
