@@ -101,8 +101,12 @@ def test_a_snapshot_keeps_the_entries_applied_ahead_of_the_watermark(
     head = fold(log[:k], metrics_projection())
     fold([log[k + 2]], head)
     assert head.ahead == {log[k + 2][0]}
+    node = node_of(log[k + 2])
+    assert node is not None and head.node_seq.get(node, 0) < log[k + 2][0]  # awaits the watermark
 
     resumed = Projection.from_snapshot(decode_snapshot(encode_snapshot(head.to_snapshot())))
+    fold(log[k : k + 2], resumed)
+    assert resumed.node_seq[node] == log[k + 2][0]  # the watermark passed it: the node's moves
     fold(log[k:], resumed)
 
     assert resumed.ahead == set()

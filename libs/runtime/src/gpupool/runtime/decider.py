@@ -547,7 +547,7 @@ class DeciderLoop:
             except ConcurrencyConflict as conflict:
                 refused = Refusal(conflict, scope)
                 continue
-            self.projection.apply_entry(seq, envelopes, writer=self.writer)
+            self._fold_own(seq, envelopes, node, scope)
             return events
         raise RuntimeError(
             f"{self.service}: gave up after {MAX_CONFLICT_RETRIES} conflicts on {node}"
@@ -574,6 +574,18 @@ class DeciderLoop:
         envelopes = _envelopes(events, node=node, cause=cause, now=now)
         scope = expectation_writer(command, events, self.writer)
         return events, envelopes, self.projection.expected_node_seq(node, scope), scope
+
+    def _fold_own(self, seq: int, envelopes: list[Envelope], node: str, scope: str | None) -> None:
+        """Fold this process's decision on ``node``, landed at ``seq``, at once (perhaps ahead
+        of the watermark). Landed on a node-wide expectation (``scope`` None), it is the
+        node's next entry after every one folded: the node's sequence moves to it. Landed on
+        a writer-scoped one, it says nothing of the node's other writers: the node's sequence
+        waits for the watermark (``Projection``; docs/eventlog.md, "Which entries an
+        expectation covers")."""
+        projection = self.projection
+        projection.apply_entry(seq, envelopes, writer=self.writer)
+        if scope is None:
+            projection.landed_node_wide(node, seq)
 
     async def _after_conflict(self, node: str, refused: Refusal) -> None:
         """Learn what a conflict says, or catch up, before the node's next decision."""
@@ -651,7 +663,9 @@ class DeciderLoop:
                     decided, appends, outcomes, strict=True
                 ):
                     if isinstance(outcome, int):
-                        self.projection.apply_entry(outcome, envelopes, writer=self.writer)
+                        self._fold_own(
+                            outcome, envelopes, commands[index][1], append.expected_writer
+                        )
                     elif isinstance(outcome, ConcurrencyConflict):
                         again.append((index, Refusal(outcome, append.expected_writer)))
                     else:

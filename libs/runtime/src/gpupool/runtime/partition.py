@@ -64,6 +64,7 @@ def restrict_to_node(projection: Projection, node: str) -> Projection:
         node_seq={n: s for n, s in projection.node_seq.items() if n in (node, NODELESS)},
         undecodable=projection.undecodable,
         ahead=set(projection.ahead),
+        ahead_nodes={s: n for s, n in projection.ahead_nodes.items() if n in (node, NODELESS)},
         statistics=statistics,
         open_entry=projection.open_entry,
         envelope_ids=EnvelopeIds(

@@ -12,6 +12,16 @@ optimistic-concurrency check guarantees no unseen entry of the same node lies
 before them). ``last_seq`` is the watermark below which every entry was applied;
 ``ahead`` holds the sequences applied above it.
 
+A node's sequence (``node_seq``, the expectation of a node-wide decision) moves only with
+the watermark: to S once every entry of the node below S is folded. An entry folded ahead
+of the watermark moves its writer's sequence (``writer_seq``) at once, its node's only when
+the watermark passes it (``ahead_nodes`` remembers the node until then), or when it is the
+decider's own node-wide append (:meth:`Projection.landed_node_wide`: its success proves
+nothing of the node lay unseen below it). A writer-scoped append's success proves nothing
+of the node's other writers, so a node-wide decision that expected it would land on a
+state missing their entries below it (docs/eventlog.md, "Which entries an expectation
+covers").
+
 With ``statistics`` (built by :func:`metrics_projection`) it also folds the counters
 the metrics expose. ``to_snapshot``/``from_snapshot`` persist and resume all of it
 (see ``snapshot.py``).
@@ -64,6 +74,9 @@ class Projection:
     node_seq: dict[str, int] = field(default_factory=dict)
     undecodable: int = 0
     ahead: set[int] = field(default_factory=set)
+    ahead_nodes: dict[int, str] = field(default_factory=dict)
+    """The node of each entry in ``ahead`` (that names one): its ``node_seq`` moves when the
+    watermark passes the entry (``_pass_ahead``)."""
     observers: list[Observer] = field(default_factory=list)
     statistics: LogStatistics | None = None
     """Counters folded from the log for the metrics (see :func:`metrics_projection`); None: not kept."""
@@ -134,11 +147,11 @@ class Projection:
             self.open_entry = (seq, index + 1)
             return True
         self.open_entry = None
-        self._note_write(seq, event.node, writer)  # event_node
         if seq == self.last_seq + 1 and not self.ahead:
+            self._note_write(seq, event.node, writer)  # event_node
             self.last_seq = seq  # in order: the watermark moves on
         else:
-            self._mark(seq, None)
+            self._mark(seq, event.node, writer)
         return True
 
     def apply_one(self, seq: int, envelope: Envelope, writer: str | None = None) -> bool:
@@ -241,7 +254,9 @@ class Projection:
         return True
 
     def _note_write(self, seq: int, node: str, writer: str | None) -> None:
-        """The latest entry of ``node`` and of ``writer`` on it, as ``seq`` may move them."""
+        """The latest entry of ``node`` and of ``writer`` on it, as ``seq`` may move them;
+        only for an entry folded in order (``seq`` the watermark's next: every one below it
+        is folded), others go through ``_mark``."""
         node_seq = self.node_seq
         if seq > node_seq.get(node, 0):
             node_seq[node] = seq
@@ -284,20 +299,39 @@ class Projection:
         return True
 
     def _mark(self, seq: int, node: str | None, writer: str | None = None) -> None:
-        if node is not None:
-            if seq > self.node_seq.get(node, 0):
-                self.node_seq[node] = seq
-            if writer is not None:
-                key = (node, writer)
-                self.writer_seq[key] = max(seq, self.writer_seq.get(key, 0))
+        """Count entry ``seq`` (of ``node``, by ``writer``) as folded: the watermark moves on if
+        it is the next, else it is folded ahead, and its node's sequence waits for the
+        watermark to pass it (the module's docstring)."""
+        if node is not None and writer is not None:
+            key = (node, writer)
+            self.writer_seq[key] = max(seq, self.writer_seq.get(key, 0))
         if seq == self.last_seq + 1:
             self.last_seq = seq
+            if node is not None and seq > self.node_seq.get(node, 0):
+                self.node_seq[node] = seq
             ahead = self.ahead
             while ahead and self.last_seq + 1 in ahead:
                 self.last_seq += 1
                 ahead.discard(self.last_seq)
+                self._pass_ahead(self.last_seq)
         else:
             self.ahead.add(seq)
+            if node is not None:
+                self.ahead_nodes[seq] = node
+
+    def _pass_ahead(self, seq: int) -> None:
+        """The watermark passed ``seq``, folded ahead of it: its node's sequence may move."""
+        node = self.ahead_nodes.pop(seq, None)
+        if node is not None and seq > self.node_seq.get(node, 0):
+            self.node_seq[node] = seq
+
+    def landed_node_wide(self, node: str, seq: int) -> None:
+        """This process's decision on ``node``, folded, landed at ``seq`` on a node-wide
+        expectation: no entry of the node lay between the one it expected and ``seq``, so
+        every entry of the node up to ``seq`` is folded, even if ``seq`` is ahead of the
+        watermark."""
+        if self.applied(seq) and seq > self.node_seq.get(node, 0):
+            self.node_seq[node] = seq
 
     def pass_below(self, seq: int) -> None:
         """A partitioned reader knows every sequence below ``seq`` is folded already or another
@@ -308,10 +342,14 @@ class Projection:
             return
         self.last_seq = seq - 1
         if self.ahead:
+            passed = sorted(ahead for ahead in self.ahead if ahead <= self.last_seq)
             self.ahead = {ahead for ahead in self.ahead if ahead > self.last_seq}
+            for ahead in passed:
+                self._pass_ahead(ahead)
             while self.last_seq + 1 in self.ahead:
                 self.last_seq += 1
                 self.ahead.discard(self.last_seq)
+                self._pass_ahead(self.last_seq)
         if self.open_entry is not None and self.open_entry[0] <= self.last_seq:
             self.open_entry = None
 
@@ -341,6 +379,7 @@ class Projection:
             node_seq=dict(self.node_seq),
             undecodable=self.undecodable,
             ahead=sorted(self.ahead),
+            ahead_nodes=sorted(self.ahead_nodes.items()),
             open_entry=self.open_entry,
             writer_seq=[(node, writer, seq) for (node, writer), seq in self.writer_seq.items()],
             state=state_record(self.state),
@@ -357,6 +396,7 @@ class Projection:
             node_seq=dict(snapshot.node_seq),
             undecodable=snapshot.undecodable,
             ahead=set(snapshot.ahead),
+            ahead_nodes=dict(snapshot.ahead_nodes),
             open_entry=snapshot.open_entry,
             writer_seq={(node, writer): seq for node, writer, seq in snapshot.writer_seq},
             statistics=None if snapshot.statistics is None else snapshot.statistics.copy(),

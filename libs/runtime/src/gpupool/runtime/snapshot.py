@@ -96,6 +96,9 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     empty in snapshots written before it."""
     writer_seq: list[tuple[str, str, int]] = []
     """(node, writer token, last sequence) of each subject folded (see ``Projection.writer_seq``)."""
+    ahead_nodes: list[tuple[int, str]] = []
+    """(sequence, node) of the entries in ``ahead`` (see ``Projection.ahead_nodes``); empty in
+    snapshots written before it, whose ``node_seq`` already counts those entries."""
 
 
 class _FormatProbe(msgspec.Struct):
