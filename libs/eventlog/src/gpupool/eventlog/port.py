@@ -136,8 +136,9 @@ class Subscription(Protocol):
         """Ack each of ``deliveries`` (this subscription's) in order, as ``ack`` would each;
         an adapter may send them together (JetStream: one write of the ack frames).
 
-        ``now``: the caller writes nothing more in this step (JetStream: the frames go to
-        the socket in this step where they can, not on the flusher's turn)."""
+        ``now``: the batch's last frames (JetStream: they go to the socket in this step
+        where they can, not on the flusher's turn; a later write in the step is not held
+        back by them)."""
         ...
 
     def react_on_arrival(self, hook: Callable[[], bool] | None) -> bool:
@@ -348,7 +349,7 @@ def read_entries(
     events (:func:`subject_disagreement`). ``plain_tried``: the caller has had
     :func:`read_plain` answer None for these bytes already (it is not asked again).
     """
-    if not plain_tried:  # (a replay tried read_plain itself, to append without a tuple)
+    if not plain_tried:  # (a replay's read_batch decoded it already)
         plain = read_plain(seq, subject, data)
         if plain is not None:  # the common case, checked against the subject's node remembered
             return (plain,)
