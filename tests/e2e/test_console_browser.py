@@ -164,6 +164,11 @@ async def test_node_page_follows_the_worked_example_live(tmp_path: Path) -> None
 
             # the GPU timeline of the finished run: four intervals, in order, on the right GPUs
             await page.goto(f"{base}/gpus?node={NODE}")
+            # the console's feed may be a moment behind this test's own follower of the log;
+            # the page follows it live: wait until it shows the last release
+            await page.locator(
+                '#intervals tr[data-pod="default/pod-b"][data-ended="completed"]'
+            ).wait_for(timeout=WITHIN_MS)
             assert await interval_rows(page) == [
                 ("default/pod-a", "0", "completed"),
                 ("default/pod-c", "1", "completed"),
