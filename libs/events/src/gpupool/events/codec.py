@@ -265,6 +265,10 @@ def encode_entry(envelopes: tuple[Envelope, ...] | list[Envelope]) -> bytes:
     return _encoder.encode(LogEntry(envelopes=tuple(envelopes)))
 
 
+_DECISION_ENTRY_START = b'{"envelopes":'
+"""How a decision entry as gpupool writes it starts (its envelopes first)."""
+
+
 def decode_plain(data: bytes) -> Envelope | None:
     """``decode_entry``'s most frequent case: the entry is one current envelope, small and
     shallow enough to decode at once; None: anything else (``decode_entry`` then reads it
@@ -273,7 +277,7 @@ def decode_plain(data: bytes) -> Envelope | None:
     # probe. Any other decision entry never decodes so (it has no ``id``, ``time`` or
     # ``event``, and schema 3), and an entry that does is one the probe reads as that
     # same current envelope.
-    if data.startswith(b'{"envelopes":'):
+    if data.startswith(_DECISION_ENTRY_START):
         return None
     return _decode_current(data)
 
@@ -329,7 +333,7 @@ def decode_plain_many(datas: Sequence[bytes]) -> list[Envelope | None]:
     return decoded
 
 
-_IS_DECISION_ENTRY = operator.methodcaller("startswith", b'{"envelopes":')
+_IS_DECISION_ENTRY = operator.methodcaller("startswith", _DECISION_ENTRY_START)
 
 
 def _halved(datas: Sequence[bytes]) -> list[Envelope | None]:
@@ -343,7 +347,7 @@ def _around_decision_entries(datas: Sequence[bytes]) -> list[Envelope | None]:
     answers: list[Envelope | None] = []
     run = 0
     for index, data in enumerate(datas):
-        if data.startswith(b'{"envelopes":'):
+        if _IS_DECISION_ENTRY(data):
             if run < index:
                 answers += decode_plain_many(datas[run:index])
             answers.append(None)
