@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import msgspec
-from core_gwt import NODE, T0, Given, Run, Wait, at, gpu_uuid, ref, topology
+from core_gwt import NODE, T0, Given, Run, Wait, at, gpu_uuid, ref, registered, topology
 
 from gpupool.core import PlanPreemption, decide, evolve
 from gpupool.core.state import State
@@ -214,3 +214,55 @@ def test_a_decision_that_knew_of_the_room_and_left_the_head_waiting_is_found() -
     findings = check_liveness_and_optimality(log)
     assert [f.pod for f in findings] == ["default/a"]
     assert "scheduling decision" in findings[0].message
+
+
+def ready_while_in_flight_log(*, cause_of_first: str) -> list[tuple[int, list[Envelope]]]:
+    """Two GPUs; a (50) waits, b and c (50 each) are registered. b's PodReady is appended
+    while the decision that assigns a is in flight (its expectation covers only claims: the
+    PodReady does not refuse it), so that decision leaves b, the head after a, fitting; c's
+    PodReady comes before the admission-queue's reaction to b's, which assigns b and c
+    (caused by c's). ``cause_of_first``: what the decision assigning a reacted to."""
+    given = [*topology(2, waiting=[Wait("a", 50)]), registered("b", 1, 50), registered("c", 1, 50)]
+    log = entries(given)
+    ready_of_a = next(e.id for _, es in log for e in es if isinstance(e.event, PodReady))
+    ready = {
+        name: Envelope(id=f"ready-{name}", time=at(30), event=PodReady(pod=ref(name), node=NODE))
+        for name in ("b", "c")
+    }
+    log.append((len(log) + 1, [ready["b"]]))
+    cause = {"ready-of-a": ready_of_a, "ready-of-b": "ready-b", "none": ""}[cause_of_first]
+    first = Envelope(id="assign-a", time=at(31), event=assigned("a", 0), causation_id=cause)
+    log.append((len(log) + 1, [first]))
+    log.append((len(log) + 1, [ready["c"]]))
+    reaction = [
+        Envelope(
+            id=f"assign-{name}", time=at(32), event=assigned(name, gpu), causation_id="ready-c"
+        )
+        for name, gpu in (("b", 0), ("c", 1))
+    ]
+    log.append((len(log) + 1, reaction))
+    return log
+
+
+def test_a_decision_that_leaves_a_head_readied_while_it_was_in_flight_is_judged_by_the_next() -> (
+    None
+):
+    """The chaos run's finding (CI, commit 32000be: "a scheduling decision ... left the head
+    default/p1 waiting although GPU 1 has room for it"): a decision whose own entry makes the
+    head fit was judged strictly, as if it had known of that head, though the head's PodReady
+    came after the entry it reacted to; the executor's next entry, before the reaction to the
+    PodReady, was reported as a violation that did not happen."""
+    for cause in ("ready-of-a", "none"):
+        assert check_liveness_and_optimality(ready_while_in_flight_log(cause_of_first=cause)) == []
+
+
+def test_a_decision_that_leaves_a_head_readied_before_its_cause_waiting_is_found() -> None:
+    log = ready_while_in_flight_log(cause_of_first="ready-of-b")
+    findings = check_liveness_and_optimality(log)
+    assert [f.pod for f in findings] == ["default/b"]
+    assert "scheduling decision" in findings[0].message
+    # and a head readied while it was in flight, never served, is found at the end
+    unserved = ready_while_in_flight_log(cause_of_first="ready-of-a")[:-1]
+    findings = check_liveness_and_optimality(unserved)
+    assert [f.pod for f in findings] == ["default/b"]
+    assert "until the end of the log" in findings[0].message

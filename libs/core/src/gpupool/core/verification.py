@@ -17,6 +17,13 @@ more than needed. Each finding names the first log entry that breaks the rule:
   names no cause (or one older than the window): a service's first decisions after
   it starts react to no entry, and may have been made from a rebuild that ended
   before the room was made (a restart racing a release).
+  A decision whose own entry makes the head fit (it assigned the pods before it, and
+  the next one fits too) is the one decision only if it reacted to the node's last
+  entry before it other than an assignment (or a later one): a ``PodReady`` (or a
+  ``Released``) appended while the decision was in flight is not refused by the
+  Assigned's expectation either, and the pod it readied (or the room it made) may be
+  the head the decision leaves fitting. Without a cause, or with an older one, the
+  next decision, or the end of the log, judges it.
 * **minimal victim set**: a preemption's victims (the Preempted events of one
   decision; in logs written before decisions were single entries, consecutive
   Preempted entries for the same preemptor) are no more than the smallest set the
@@ -88,6 +95,10 @@ class LivenessChecker:
     _stalls: dict[str, _Stall] = field(default_factory=dict)
     _preemptions: dict[str, _Preemption] = field(default_factory=dict)
     _removed: dict[PodRef, tuple[int, Envelope]] = field(default_factory=dict)
+    _last_change: dict[str, int] = field(default_factory=dict)
+    """The node's last entry holding an event other than ``Assigned`` (what may ready a pod
+    or make room): a decision that makes its head fit by its own entry knew of that head
+    only if it reacted to this entry or a later one."""
     _seq_of_id: OrderedDict[str, int] = field(default_factory=OrderedDict)
     """The sequence of the last CAUSE_WINDOW envelopes folded, by id: where a decision's
     cause lies (a cause older than that is not found: the decision is judged by the next)."""
@@ -114,10 +125,12 @@ class LivenessChecker:
                 self._seq_of_id.popitem(last=False)
         if before is not None:
             self._open_or_extend_preemption(seq, preempted, before)
+        cause = self._cause(envelopes)
         for node in nodes:
-            self._check_stall(
-                seq, envelopes[0], node, decided=node in assigns, cause=self._cause(envelopes)
-            )
+            self._check_stall(seq, envelopes[0], node, decided=node in assigns, cause=cause)
+        for envelope in envelopes:
+            if not isinstance(envelope.event, Assigned):
+                self._last_change[envelope.event.node] = seq
 
     def finish(self) -> list[Finding]:
         for node in list(self._preemptions):
@@ -195,7 +208,13 @@ class LivenessChecker:
                 seq=seq, envelope=envelope, head=head.ref, gpu=gpu
             )
         open_stall.gpu = gpu
-        if decided and ((cause is not None and cause >= open_stall.seq) or open_stall.seq == seq):
+        if not decided or cause is None:
+            return
+        # the entry the decision must have seen to know of the room: the one after which
+        # the head first fitted, or, where its own entry makes the head fit, the node's
+        # last entry before it that could have readied that head or made room for it
+        known_from = self._last_change.get(node, 0) if open_stall.seq == seq else open_stall.seq
+        if cause >= known_from:
             open_stall.decided_at = seq  # it knew of the room: its decision was the one
 
     def _decision_left_room(self, node: str, stall: _Stall) -> None:
