@@ -57,7 +57,8 @@ from gpupool.cli.local_stack import (
 )
 from gpupool.eventlog.jetstream import JetStreamEventLog
 from gpupool.eventlog.nats_server import run_nats_server
-from gpupool.eventlog.port import StoredEvent
+from gpupool.eventlog.port import Entry, StoredEvent
+from gpupool.eventlog.subjects import writer_of_subject
 from gpupool.events import Released
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -254,6 +255,34 @@ async def leftovers(within: float = 10.0) -> dict[int, str]:
     return marked_processes()
 
 
+def log_window(entries: list[Entry], seq: int, before: int = 12, after: int = 12) -> str:
+    """The log's entries around ``seq``, one line each (writer, event, pod, GPU, the entry its
+    cause lies in): what a violation of ``verify`` is to be read with."""
+    seq_of_id: dict[str, int] = {}
+    lines = [f"log entries {seq - before}..{seq + after} around {seq}:"]
+    for entry in entries:
+        if isinstance(entry, StoredEvent):
+            seq_of_id.setdefault(entry.envelope.id, entry.seq)
+        if not seq - before <= entry.seq <= seq + after:
+            continue
+        if not isinstance(entry, StoredEvent):
+            lines.append(f"{entry.seq:5} {entry.subject} unreadable: {entry.error}")
+            continue
+        event = entry.envelope.event
+        details = " ".join(
+            f"{name}={getattr(event, name)}"
+            for name in ("gpu_index", "reason", "exit_code")
+            if getattr(event, name, None) is not None
+        )
+        cause = entry.envelope.causation_id
+        lines.append(
+            f"{entry.seq:5}.{entry.index} {writer_of_subject(entry.subject) or '-'} "
+            f"{type(event).__name__} {getattr(event, 'pod', '')} {details} "
+            f"{entry.envelope.time:%H:%M:%S.%f} cause={seq_of_id.get(cause, cause or '-')}"
+        )
+    return "\n".join(lines)
+
+
 async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -384,6 +413,8 @@ async def test_every_client_is_told_its_true_outcome_through_50_random_kills(
             ("completed", 0) if code == 0 else ("failed", code) for code in codes
         ], pod
     report = verify(entries)
+    for violation in report.violations[:3]:
+        print(log_window(entries, violation.seq))  # shown with the failure
     assert report.ok, report.violations[:3]
     left = await leftovers()
     assert left == {}, f"processes of the test still alive after it stopped: {left}"
