@@ -175,11 +175,23 @@ def signal_fields(status_text: str) -> dict[str, str]:
 
 async def test_the_command_sees_the_signal_dispositions_it_would_without_the_shim() -> None:
     """Ignored by the interpreter (SIGPIPE, SIGXFSZ) or caught by the shim (SIGTERM, SIGINT,
-    SIGHUP): the command gets none of that, as if started directly."""
+    SIGHUP): the command gets none of that, as if started directly.
+
+    Both are started as the executor starts the shim, in a session of their own
+    (``processes.py``): that keeps ``subprocess`` on its fork and exec. Python 3.13 starts
+    an absolute path without one through ``posix_spawn`` (with ``close_fds``, now that
+    glibc can close descriptors there), and glibc's (2.36) sets its internal signals,
+    SIGCANCEL and SIGSETXID (32 and 33), to SIG_IGN in the child before the exec, which
+    keeps them: a shim started so would hand the command 32 and 33 ignored, as would any
+    program started so, shim or not."""
 
     async def dispositions(*prefix: str) -> dict[str, str]:
         started = await asyncio.create_subprocess_exec(
-            *prefix, "cat", "/proc/self/status", stdout=asyncio.subprocess.PIPE
+            *prefix,
+            "cat",
+            "/proc/self/status",
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         async with asyncio.timeout(WAIT_SECONDS):
             out, _ = await started.communicate()
