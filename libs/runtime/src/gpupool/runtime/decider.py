@@ -304,6 +304,12 @@ class DeciderLoop:
         """The writer token of this service's entries (the log's)."""
         self._writers: dict[str, str | None] = {}
         """Writer tokens of the subjects folded (``_writer_of``)."""
+        self._own_unfolded: dict[str, int] = {}
+        """node -> the last own writer-scoped entry on it that landed above an entry not
+        folded yet: left to the consumer (or a replay) to fold in log order (``_fold_own``)."""
+        self._own_unreacted: set[int] = set()
+        """Sequences of those entries not folded yet: folded from the log, not reacted to (an
+        own append, as if folded at its PubAck)."""
         self.consume_from = self.projection.last_seq + 1
         """Where the durable starts: after the rebuild (catch-ups and own appends beyond it
         are delivered, and reacted to only if a catch-up folded them)."""
@@ -532,6 +538,7 @@ class DeciderLoop:
         self, command: Command, *, node: str, cause: Envelope | None, refused: Refusal | None
     ) -> list[Event]:
         for _ in range(MAX_CONFLICT_RETRIES):
+            await self._fold_own_left(node)
             if refused is not None:
                 await self._after_conflict(node, refused)
                 refused = None
@@ -576,16 +583,47 @@ class DeciderLoop:
         return events, envelopes, self.projection.expected_node_seq(node, scope), scope
 
     def _fold_own(self, seq: int, envelopes: list[Envelope], node: str, scope: str | None) -> None:
-        """Fold this process's decision on ``node``, landed at ``seq``, at once (perhaps ahead
-        of the watermark). Landed on a node-wide expectation (``scope`` None), it is the
-        node's next entry after every one folded: the node's sequence moves to it. Landed on
-        a writer-scoped one, it says nothing of the node's other writers: the node's sequence
-        waits for the watermark (``Projection``; docs/eventlog.md, "Which entries an
-        expectation covers")."""
+        """Fold this process's decision on ``node``, landed at ``seq``, at once where the fold
+        keeps the log's order of the node's entries. Landed on a node-wide expectation
+        (``scope`` None), it is the node's next entry after every one folded (perhaps ahead
+        of the watermark: the rest is other nodes'): the node's sequence moves to it. Landed
+        on a writer-scoped one above an entry not folded yet, it may lie above another
+        writer's entry of the node, unseen, that it does not commute with (the pod removed
+        before its Assigned): it is left to the consumer to fold in log order, and the
+        node's next decision waits for it (``_fold_own_left``; docs/eventlog.md, "An own
+        entry is folded in log order"). Not in a partitioned loop (the node-executor): its
+        watermark lags on other nodes' sequences, it folds as before."""
         projection = self.projection
+        if (
+            scope is not None
+            and self.partition is None
+            and (seq != projection.last_seq + 1 or projection.ahead)
+        ):
+            if seq > self._own_unfolded.get(node, 0):
+                self._own_unfolded[node] = seq
+            self._own_unreacted.add(seq)
+            return
         projection.apply_entry(seq, envelopes, writer=self.writer)
         if scope is None:
             projection.landed_node_wide(node, seq)
+
+    def _own_left(self, node: str) -> int | None:
+        """The own entry on ``node`` left to the log to fold, if it is not folded yet."""
+        left = self._own_unfolded.get(node)
+        if left is not None and self._folded(left):
+            del self._own_unfolded[node]
+            return None
+        return left
+
+    async def _fold_own_left(self, node: str) -> None:
+        """Before deciding on ``node``: fold the own entry left to the log (and every entry
+        before it), from the consumer if it runs, else by a replay."""
+        left = self._own_left(node)
+        if left is None:
+            return
+        if not await self._catch_up_from_consumer(left):
+            await self._catch_up()
+        self._own_left(node)
 
     async def _after_conflict(self, node: str, refused: Refusal) -> None:
         """Learn what a conflict says, or catch up, before the node's next decision."""
@@ -644,9 +682,10 @@ class DeciderLoop:
                 lock = self._node_locks.get(node)
                 if lock is None:
                     lock = self._node_locks[node] = asyncio.Lock()
-                if lock.locked() or _has_waiters(lock):
+                if lock.locked() or _has_waiters(lock) or self._own_left(node) is not None:
                     # held, or just released to a waiter not run yet (acquire would queue
-                    # behind it and suspend): the node's own execute decides it
+                    # behind it and suspend), or its last own entry is not folded yet: the
+                    # node's own execute decides it (after folding that entry)
                     again.append((index, None))
                     continue
                 await lock.acquire()  # free, nobody waiting: taken at once, no suspension
@@ -682,6 +721,10 @@ class DeciderLoop:
         return seq <= self.projection.last_seq or seq in self.projection.ahead
 
     def _mark_caught_up(self, entry: StoredEvent) -> None:
+        if self._own_unreacted and entry.seq in self._own_unreacted:
+            if entry.last:
+                self._own_unreacted.discard(entry.seq)
+            return  # an own entry: not reacted to
         self._caught_up.setdefault(entry.seq, set()).add(entry.index)
 
     async def _catch_up_from_consumer(self, actual: int | None) -> bool:
@@ -997,6 +1040,10 @@ class DeciderLoop:
                 await self._catch_up()
                 await self._set_aside_unrecorded([entry])
             return False
+        if self._own_unreacted and entry.seq in self._own_unreacted:
+            if entry.last:
+                self._own_unreacted.discard(entry.seq)
+            return False  # an own append, folded in log order: not reacted to
         indexes = self._caught_up.get(entry.seq)
         caught_up = indexes is not None and entry.index in indexes
         if caught_up:

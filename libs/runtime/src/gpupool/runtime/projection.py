@@ -5,13 +5,14 @@ restart resumes, an entry seen twice (redelivery, catch-up replay) is applied on
 and a decider can append with the node's sequence as its optimistic-concurrency
 expectation.
 
-A decider folds its own appended events at once, possibly before entries with lower
+A decider folds its own node-wide appends at once, possibly before entries with lower
 sequences have arrived. For other nodes' entries that is safe because the state is
-partitioned by node. Of its own node, a node-wide append's success proves that no unseen
-entry lies before it; a writer-scoped one's proves it only of its writer (another writer's
-entry below it is folded when it arrives: docs/eventlog.md, "What an unseen entry can
-still do"). ``last_seq`` is the watermark below which every entry was applied; ``ahead``
-holds the sequences applied above it.
+partitioned by node; of its own node, a node-wide append's success proves that no unseen
+entry lies before it. A writer-scoped one's proves it only of its writer, so the decider
+folds such an append at once only when it is the watermark's next, else it leaves it to
+be folded in log order (``DeciderLoop._fold_own``; docs/eventlog.md, "An own entry is
+folded in log order"). ``last_seq`` is the watermark below which every entry was applied;
+``ahead`` holds the sequences applied above it.
 
 A node's sequence (``node_seq``, the expectation of a node-wide decision) moves only with
 the watermark: to S once every entry of the node below S is folded. An entry folded ahead
