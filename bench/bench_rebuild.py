@@ -1,7 +1,7 @@
 """Projection rebuild: 1,000,000 log entries folded from zero and resumed from a snapshot, against
 the raw decode-only speed of the same entries in the same run.
 
-    .venv/bin/python bench/bench_rebuild.py [N]
+    .venv/bin/python bench/bench_rebuild.py [N] [--decision-share F] [--skip-jetstream]
 
 The log is made by the core simulator: a few template nodes, each simulated on its own
 (ready/complete/cancel/fail/oom, preemption by priority and by max duration, requeue),
@@ -20,6 +20,13 @@ with a claimant) on the full stream, from a snapshot taken at its end and from z
 its durable slot left behind by the instance before having acknowledged nothing: the time
 until it reacts to a live entry, and how many messages its durable slots delivered (1: the
 live entry only; no folded entry is delivered a second time).
+
+``--decision-share F`` (default 0: every entry one envelope, the runs before it had): about
+F of the envelopes are written in decision entries (``encode_entry`` of 2 or 3 envelopes,
+each with the same node's next ones; seeded), the entries a decision of several events
+appends, so that the replay's batch decode (``decode_plain_many``, split around decision
+entries) and the fold of entries of several envelopes are measured on a log with many of
+them. The "entries" columns then count log entries, fewer than the N envelopes.
 
 Runs on older code too (its ``libs/*/src`` first on ``PYTHONPATH``) for an A/B in turn.
 
@@ -61,7 +68,15 @@ from gpupool.eventlog import JetStreamEventLog, StoredEvent, subject_for
 from gpupool.eventlog.durables import durable_names
 from gpupool.eventlog.log_client import LogClient
 from gpupool.eventlog.nats_server import run_nats_server
-from gpupool.events import Envelope, MessageRejected, decode_envelope, encode_envelope
+from gpupool.events import (
+    Envelope,
+    MessageRejected,
+    decode_entry,
+    decode_envelope,
+    encode_entry,
+    encode_envelope,
+    event_node,
+)
 from gpupool.observability import (
     Projection,
     decode_snapshot,
@@ -154,6 +169,49 @@ def cloned_log(n: int) -> tuple[list[bytes], int, int]:
     return out[:n], template_entries, clones
 
 
+def with_decision_entries(encoded: list[bytes], share: float) -> list[bytes]:
+    """The same envelopes, about ``share`` of them in decision entries of 2 or 3: an envelope
+    picked (seeded) is written with its node's next one or two (taken out of their places:
+    nodes are independent, so the log stays a valid history)."""
+    if share <= 0:
+        return encoded
+    rng = random.Random(20261202)
+    envelopes = [decode_envelope(data) for data in encoded]
+    nodes = [event_node(envelope.event) for envelope in envelopes]
+    following: list[int | None] = [None] * len(envelopes)
+    last_of: dict[str, int] = {}
+    for index in range(len(envelopes) - 1, -1, -1):
+        following[index] = last_of.get(nodes[index])
+        last_of[nodes[index]] = index
+    taken = [False] * len(envelopes)
+    # a group of k envelopes starts at a picked one: P(start) * mean k = share
+    start = share / (2.5 - 1.5 * share)
+    out: list[bytes] = []
+    for index in range(len(envelopes)):
+        if taken[index]:
+            continue
+        group = [index]
+        if rng.random() < start:
+            size = rng.choice((2, 3))
+            after = following[index]
+            while after is not None and len(group) < size:
+                if not taken[after]:
+                    group.append(after)
+                    taken[after] = True
+                after = following[after]
+        if len(group) == 1:
+            out.append(encoded[index])
+        else:
+            out.append(encode_entry([envelopes[member] for member in group]))
+    return out
+
+
+def decision_share(argv: list[str]) -> float:
+    if "--decision-share" not in argv:
+        return 0.0
+    return float(argv[argv.index("--decision-share") + 1])
+
+
 class Timing:
     """Wall-clock and CPU seconds (on a shared machine other processes inflate wall-clock time,
     not the CPU time of this one)."""
@@ -170,38 +228,77 @@ def timed(work: Callable[[], object]) -> tuple[Timing, object]:
     return Timing(time.perf_counter() - start, time.process_time() - start_cpu), result
 
 
-def fold(projection: Projection, entries: Iterator[tuple[int, bytes]]) -> Projection:
+def fold_plain(projection: Projection, entries: Iterator[tuple[int, bytes]]) -> Projection:
     apply = projection.apply
     for seq, data in entries:
         apply(seq, decode_envelope(data))
     return projection
 
 
-def fold_decoded(decoded: list[Envelope]) -> Projection:
-    projection = metrics_projection()
+def fold_mixed(projection: Projection, entries: Iterator[tuple[int, bytes]]) -> Projection:
+    """``fold`` of a log holding decision entries (``--decision-share``)."""
     apply = projection.apply
-    for seq, envelope in enumerate(decoded, start=1):
-        apply(seq, envelope)
+    for seq, data in entries:
+        if data.startswith(b'{"envelopes":'):
+            fold_entry(projection, seq, decode_entry(data))
+        else:
+            apply(seq, decode_envelope(data))
     return projection
 
 
-def main(n: int) -> None:
+def fold_entry(projection: Projection, seq: int, envelopes: tuple[Envelope, ...]) -> None:
+    last = len(envelopes) - 1
+    for index, envelope in enumerate(envelopes):
+        projection.apply(seq, envelope, index=index, last=index == last)
+
+
+def fold_decoded(decoded: list[Envelope | tuple[Envelope, ...]]) -> Projection:
+    projection = metrics_projection()
+    apply = projection.apply
+    for seq, envelope in enumerate(decoded, start=1):
+        if isinstance(envelope, tuple):
+            fold_entry(projection, seq, envelope)
+        else:
+            apply(seq, envelope)
+    return projection
+
+
+def decode_one(data: bytes) -> Envelope | tuple[Envelope, ...]:
+    if data.startswith(b'{"envelopes":'):
+        return decode_entry(data)
+    return decode_envelope(data)
+
+
+def main(n: int, share: float = 0.0) -> None:
     start = time.perf_counter()
     encoded, template_entries, clones = cloned_log(n)
+    encoded = with_decision_entries(encoded, share)
     generated = time.perf_counter() - start
     print(
         f"log: {len(encoded):,} entries ({sum(map(len, encoded)) / len(encoded):.0f} B each): "
         f"{TEMPLATES} simulated template nodes ({template_entries:,} entries) x {clones} clones "
         f"= {TEMPLATES * clones} nodes; generated in {generated:.1f} s"
     )
+    if share > 0:
+        decisions = sum(data.startswith(b'{"envelopes":') for data in encoded)
+        print(
+            f"decision entries: {decisions:,} of {len(encoded):,} entries "
+            f"({decisions / len(encoded):.0%}), holding {n - (len(encoded) - decisions):,} of "
+            f"{n:,} envelopes ({(n - (len(encoded) - decisions)) / n:.0%})"
+        )
     cut = int(len(encoded) * SNAPSHOT_AT)
+
+    decode: Callable[[bytes], Envelope | tuple[Envelope, ...]] = (
+        decode_one if share > 0 else decode_envelope
+    )
+    fold = fold_mixed if share > 0 else fold_plain
 
     def decode_all() -> None:
         for data in encoded:
-            decode_envelope(data)
+            decode(data)
 
     decode_s, _ = timed(decode_all)
-    decoded = [decode_envelope(data) for data in encoded]
+    decoded = [decode(data) for data in encoded]
     gc.freeze()  # a million live envelopes would otherwise make every collection walk them
 
     fold_only_s, _ = timed(lambda: fold_decoded(decoded))
@@ -266,7 +363,7 @@ async def jetstream_phase(
             nc = await nats.connect(url)
             js = nc.jetstream()
             await js.add_stream(name="GPUPOOL", subjects=["gpupool.log.>"])
-            subjects = [subject_for(decode_envelope(data).event) for data in encoded]
+            subjects = [subject_for(decode_entry(data)[0].event) for data in encoded]
             start = time.perf_counter()
             window = 2000
             for offset in range(0, len(encoded), window):
@@ -458,4 +555,4 @@ async def delivered(log: JetStreamEventLog, base: str) -> int:
 
 if __name__ == "__main__":
     sizes = [int(arg) for arg in sys.argv[1:] if arg.isdigit()]
-    main(sizes[0] if sizes else 1_000_000)
+    main(sizes[0] if sizes else 1_000_000, decision_share(sys.argv))
