@@ -721,11 +721,20 @@ class DeciderLoop:
         return seq <= self.projection.last_seq or seq in self.projection.ahead
 
     def _mark_caught_up(self, entry: StoredEvent) -> None:
+        if self._is_own_echo(entry):
+            return  # an own entry: not reacted to
+        self._caught_up.setdefault(entry.seq, set()).add(entry.index)
+
+    def _is_own_echo(self, entry: StoredEvent) -> bool:
+        """``entry`` is (part of) an own append left to the log to fold (``_fold_own``): it
+        is not reacted to, as if folded at its PubAck. Its sequence is forgotten with its
+        last envelope, the first time it is met: by a replay's catch-up or by the consumer,
+        whichever folds it (the other finds it folded, nothing new to react to)."""
         if self._own_unreacted and entry.seq in self._own_unreacted:
             if entry.last:
                 self._own_unreacted.discard(entry.seq)
-            return  # an own entry: not reacted to
-        self._caught_up.setdefault(entry.seq, set()).add(entry.index)
+            return True
+        return False
 
     async def _catch_up_from_consumer(self, actual: int | None) -> bool:
         """Fold deliveries of the service's own consumer up to entry ``actual`` (the one that
@@ -1040,9 +1049,7 @@ class DeciderLoop:
                 await self._catch_up()
                 await self._set_aside_unrecorded([entry])
             return False
-        if self._own_unreacted and entry.seq in self._own_unreacted:
-            if entry.last:
-                self._own_unreacted.discard(entry.seq)
+        if self._is_own_echo(entry):
             return False  # an own append, folded in log order: not reacted to
         indexes = self._caught_up.get(entry.seq)
         caught_up = indexes is not None and entry.index in indexes
