@@ -36,6 +36,7 @@ from gpupool.core import (
     evolve,
     fold,
     gpu_usage,
+    pods_touched,
     queue_positions,
     ready_queue,
 )
@@ -478,3 +479,34 @@ def test_decide_never_mutates_the_state_and_is_deterministic(case: Case) -> None
         for command in (Schedule(node=spec.name), PlanPreemption(node=spec.name)):
             assert decide(state, command, first.now + timedelta(days=1)) is not None
     assert state == snapshot
+
+
+@settings(
+    max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(cases())
+def test_folding_an_event_changes_only_the_pods_it_names(case: Case) -> None:
+    """``pods_touched``: what a node-executor wakes a pod's session for. Every pod another
+    than those an event names (when it names any) is the same before and after its fold."""
+    driver = Driver(case)
+    driver.start()
+    for step in case.steps:
+        driver.step(step)
+    state = State()
+    named_kinds: set[str] = set()
+    for envelope in driver.log:
+        before = {ref: copy.copy(pod) for ref, pod in state.pods.items()}
+        evolve(state, envelope)
+        named = pods_touched(envelope.event)
+        if named is None:
+            continue
+        named_kinds.add(type(envelope.event).__name__)
+        changed = {
+            ref
+            for ref in before.keys() | state.pods.keys()
+            if before.get(ref) != state.pods.get(ref)
+        }
+        assert changed <= set(named), (envelope, changed - set(named))
+    assert state == fold(driver.log)
+    for name in sorted(named_kinds):
+        note_event(f"checked {name}")

@@ -16,7 +16,7 @@ from gpupool.core.decide import (
     decide,
     schedule,
 )
-from gpupool.core.evolve import assignment_holds, evolve, fold
+from gpupool.core.evolve import assignment_holds, evolve, fold, pods_touched
 from gpupool.core.placement import (
     STATUS_DORMANT,
     STATUS_READY,
@@ -79,6 +79,7 @@ __all__ = [
     "parse_qos_annotation",
     "parse_quantity",
     "plan_preemption",
+    "pods_touched",
     "pooling_position",
     "pooling_status",
     "queue_positions",

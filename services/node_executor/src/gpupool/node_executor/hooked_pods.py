@@ -39,6 +39,7 @@ import os
 import select
 import signal
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -276,10 +277,17 @@ class HookedPods:
     def __contains__(self, pod: PodRef) -> bool:
         return pod in self._pods
 
-    def wake(self) -> None:
-        """Something happened on the node: every pod re-reads its state."""
-        for hooked in self._pods.values():
-            hooked.change.set()
+    def wake(self, pods: Iterable[PodRef] | None = None) -> None:
+        """Something happened on the node: these pods re-read their state (None: every pod,
+        for an event that names none; ``pods_touched``)."""
+        if pods is None:
+            for hooked in self._pods.values():
+                hooked.change.set()
+            return
+        for pod in pods:
+            named = self._pods.get(pod)
+            if named is not None:
+                named.change.set()
 
     def processes(self) -> dict[PodRef, list[int]]:
         """The live registered processes of each pod (memory guard, metrics)."""

@@ -53,6 +53,7 @@ from gpupool.core import (
     ReportInventory,
     ReportRelease,
     RequestGpu,
+    pods_touched,
     queue_positions,
 )
 from gpupool.eventlog.port import REJECTED_PAYLOAD_LIMIT, StoredEvent
@@ -264,10 +265,18 @@ class NodeExecutor:
             return
         if isinstance(event, PodRemoved) and event.pod not in self._sessions:
             await self._release_if_nothing_runs(event.pod)
-        # any event on the node may change a waiter's position: wake every session
-        for session in self._sessions.values():
-            session.change.set()
-        self.hooked.wake()
+        # a session waits on its own pod's state: wake those the event names (a node-wide
+        # one, every session); a waiter's position is read when it is told, not waited on
+        touched = pods_touched(event)
+        if touched is None:
+            for session in self._sessions.values():
+                session.change.set()
+        else:
+            for pod in touched:
+                named = self._sessions.get(pod)
+                if named is not None:
+                    named.change.set()
+        self.hooked.wake(touched)
 
     async def _recover(self) -> None:
         """Take over what an earlier executor left: adopt its workloads, keep waiters' places."""
