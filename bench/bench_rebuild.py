@@ -64,10 +64,12 @@ from gpupool.core.simulation import (
     ScenarioShare,
     simulate,
 )
-from gpupool.eventlog import JetStreamEventLog, StoredEvent, subject_for
+from gpupool.eventlog import InMemoryEventLog, JetStreamEventLog, StoredEvent, subject_for
 from gpupool.eventlog.durables import durable_names
 from gpupool.eventlog.log_client import LogClient
 from gpupool.eventlog.nats_server import run_nats_server
+from gpupool.eventlog.port import Undecodable, read_batch
+from gpupool.eventlog.pulled_replay import _delivered as replay_sequences
 from gpupool.events import (
     Envelope,
     MessageRejected,
@@ -83,7 +85,7 @@ from gpupool.observability import (
     encode_snapshot,
     metrics_projection,
 )
-from gpupool.runtime.decider import DeciderLoop
+from gpupool.runtime.decider import DeciderLoop, collection_paused
 
 TEMPLATES = 12
 PODS_PER_NODE = 24
@@ -263,6 +265,61 @@ def fold_decoded(decoded: list[Envelope | tuple[Envelope, ...]]) -> Projection:
     return projection
 
 
+Delivery = tuple[bytes, bytes, bytes]
+"""(subject, reply subject, payload): a replay's delivery as the frame parser hands it over."""
+
+
+def delivered_batches(encoded: list[bytes], size: int = 1024) -> list[list[Delivery]]:
+    """The entries as a replay's pulls deliver them (JetStream's reply subjects), in batches."""
+    count = len(encoded)
+    deliveries = [
+        (
+            subject_for(decode_entry(data)[0].event).encode(),
+            b"$JS.ACK.GPUPOOL.bench-replay.1.%d.%d.1764700000000000000.%d"
+            % (seq, seq, count - seq),
+            data,
+        )
+        for seq, data in enumerate(encoded, start=1)
+    ]
+    return [deliveries[offset : offset + size] for offset in range(0, count, size)]
+
+
+def read_and_fold(batches: list[list[Delivery]]) -> tuple[Timing, Timing, Projection]:
+    """What a replay's ``next_batch`` does with each batch (its sequences from the reply
+    subjects, its subjects decoded once each, its entries read: ``read_batch``), then the
+    rebuild's fold of it (``DeciderLoop._fold_ordered``), batch by batch as a rebuild goes
+    (each batch dropped once folded); the CPU of the two stages summed apart."""
+    loop = DeciderLoop(InMemoryEventLog(), service="bench", projection=metrics_projection())
+    unreadable: list[Undecodable] = []
+    expected = 1
+    subjects: dict[bytes, str] = {}
+    read_wall = read_cpu = fold_wall = fold_cpu = 0.0
+    for batch in batches:
+        start, start_cpu = time.perf_counter(), time.process_time()
+        subject_bytes, replies, datas = zip(*batch, strict=True)
+        seqs, gap = replay_sequences(replies, expected)
+        assert gap is None and len(seqs) == len(batch)
+        expected += len(seqs)
+        for subject in set(subject_bytes).difference(subjects):
+            subjects[subject] = subject.decode()
+        entries = read_batch(seqs, list(map(subjects.__getitem__, subject_bytes)), datas)
+        read, read_at = time.perf_counter(), time.process_time()
+        loop._fold_ordered(entries, unreadable)
+        read_wall += read - start
+        read_cpu += read_at - start_cpu
+        fold_wall += time.perf_counter() - read
+        fold_cpu += time.process_time() - read_at
+    assert not unreadable
+    return Timing(read_wall, read_cpu), Timing(fold_wall, fold_cpu), loop.projection
+
+
+def read_replies(batches: list[list[Delivery]]) -> None:
+    expected = 1
+    for batch in batches:
+        seqs, _ = replay_sequences([reply for _, reply, _ in batch], expected)
+        expected += len(seqs)
+
+
 def decode_one(data: bytes) -> Envelope | tuple[Envelope, ...]:
     if data.startswith(b'{"envelopes":'):
         return decode_entry(data)
@@ -323,10 +380,20 @@ def main(n: int, share: float = 0.0) -> None:
     assert resumed.last_seq == from_zero.last_seq == len(encoded)
 
     total = len(encoded)
+    deliveries = delivered_batches(encoded)
+    gc.collect()
+    with collection_paused():  # as in a rebuild
+        read_s, fold_read_s, folded = read_and_fold(deliveries)
+        replies_s, _ = timed(lambda: read_replies(deliveries))
+    assert folded.state == from_zero.state
+    deliveries.clear()  # (not held through the rows after)
     rows = [
         ("decode only (JSON -> Envelope)", total, decode_s),
         ("fold only (pre-decoded, with statistics)", total, fold_only_s),
         ("rebuild from zero (decode + fold)", total, zero_s),
+        ("a replay's batch read (1,024 deliveries a batch)", total, read_s),
+        ("  of which: the reply subjects alone", total, replies_s),
+        ("a replay's fold of each batch read", total, fold_read_s),
         (f"resume from snapshot at {SNAPSHOT_AT:.0%} (load + rest)", total - cut, resume_s),
         ("  of which: load the snapshot", 0, restore_s),
         ("take the snapshot (encode)", 0, take_s),
