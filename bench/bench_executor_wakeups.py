@@ -94,7 +94,7 @@ def registered(ref: PodRef) -> PodRegistered:
     )
 
 
-async def cpu_per_event(waiting: int, events: int, tmp: Path) -> tuple[float, int]:
+async def cpu_per_event(waiting: int, events: int, tmp: Path) -> float:
     """CPU seconds per event of another pod, with ``waiting`` sessions in the queue."""
     inventory = simulated_inventory(1, node=NODE)
     log = InMemoryEventLog()
@@ -179,7 +179,7 @@ async def cpu_per_event(waiting: int, events: int, tmp: Path) -> tuple[float, in
                     await task
     finally:
         os.close(devnull)
-    return cpu / events, waiting
+    return cpu / events
 
 
 async def _turn() -> None:
@@ -194,13 +194,13 @@ async def _turns(count: int) -> None:
 async def main(waiting: list[int], events: int) -> None:
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-") as name:
         tmp = Path(name)
-        baseline, _ = await cpu_per_event(0, events, tmp)
+        baseline = await cpu_per_event(0, events, tmp)
         print(f"{events} events of a pod without a session, each reacted to before the next\n")
         print("| pods waiting in the queue | CPU per event (us) | x no pod waiting |")
         print("|---|---|---|")
         print(f"| 0 | {baseline * 1e6:.0f} | 1.00 |")
         for count in waiting:
-            per_event, _ = await cpu_per_event(count, events, tmp)
+            per_event = await cpu_per_event(count, events, tmp)
             print(f"| {count:,} | {per_event * 1e6:.0f} | {per_event / baseline:.2f} |")
 
 
