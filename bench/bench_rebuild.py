@@ -64,7 +64,13 @@ from gpupool.core.simulation import (
     ScenarioShare,
     simulate,
 )
-from gpupool.eventlog import InMemoryEventLog, JetStreamEventLog, StoredEvent, subject_for
+from gpupool.eventlog import (
+    InMemoryEventLog,
+    JetStreamEventLog,
+    StoredEvent,
+    pulled_replay,
+    subject_for,
+)
 from gpupool.eventlog.durables import durable_names
 from gpupool.eventlog.log_client import LogClient
 from gpupool.eventlog.nats_server import run_nats_server
@@ -265,6 +271,9 @@ def fold_decoded(decoded: list[Envelope | tuple[Envelope, ...]]) -> Projection:
     return projection
 
 
+READ_CHUNK: int = getattr(pulled_replay, "READ_CHUNK", 1024)
+"""Deliveries a replay reads (decodes) at a time: on code before READ_CHUNK, a pull's whole."""
+
 Delivery = tuple[bytes, bytes, bytes]
 """(subject, reply subject, payload): a replay's delivery as the frame parser hands it over."""
 
@@ -284,11 +293,14 @@ def delivered_batches(encoded: list[bytes], size: int = 1024) -> list[list[Deliv
     return [deliveries[offset : offset + size] for offset in range(0, count, size)]
 
 
-def read_and_fold(batches: list[list[Delivery]]) -> tuple[Timing, Timing, Projection]:
-    """What a replay's ``next_batch`` does with each batch (its sequences from the reply
-    subjects, its subjects decoded once each, its entries read: ``read_batch``), then the
-    rebuild's fold of it (``DeciderLoop._fold_ordered``), batch by batch as a rebuild goes
-    (each batch dropped once folded); the CPU of the two stages summed apart."""
+def read_and_fold(
+    batches: list[list[Delivery]], chunk: int = READ_CHUNK
+) -> tuple[Timing, Timing, Projection]:
+    """What a replay does with each pull's deliveries (their sequences from the reply
+    subjects, their subjects decoded once each, in ``next_batch``; then ``chunk`` entries
+    at a time read, ``read_batch``, in ``pulled_batches``), and the rebuild's fold of each
+    chunk read (``DeciderLoop._fold_ordered``) before the next is read, as a rebuild goes
+    (each dropped once folded); the CPU of the two stages summed apart."""
     loop = DeciderLoop(InMemoryEventLog(), service="bench", projection=metrics_projection())
     unreadable: list[Undecodable] = []
     expected = 1
@@ -302,13 +314,20 @@ def read_and_fold(batches: list[list[Delivery]]) -> tuple[Timing, Timing, Projec
         expected += len(seqs)
         for subject in set(subject_bytes).difference(subjects):
             subjects[subject] = subject.decode()
-        entries = read_batch(seqs, list(map(subjects.__getitem__, subject_bytes)), datas)
-        read, read_at = time.perf_counter(), time.process_time()
-        loop._fold_ordered(entries, unreadable)
-        read_wall += read - start
-        read_cpu += read_at - start_cpu
-        fold_wall += time.perf_counter() - read
-        fold_cpu += time.process_time() - read_at
+        texts = list(map(subjects.__getitem__, subject_bytes))
+        read_wall += time.perf_counter() - start
+        read_cpu += time.process_time() - start_cpu
+        for at in range(0, len(seqs), chunk):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            entries = read_batch(
+                seqs[at : at + chunk], texts[at : at + chunk], datas[at : at + chunk]
+            )
+            read, read_at = time.perf_counter(), time.process_time()
+            loop._fold_ordered(entries, unreadable)
+            read_wall += read - start
+            read_cpu += read_at - start_cpu
+            fold_wall += time.perf_counter() - read
+            fold_cpu += time.process_time() - read_at
     assert not unreadable
     return Timing(read_wall, read_cpu), Timing(fold_wall, fold_cpu), loop.projection
 
@@ -391,9 +410,9 @@ def main(n: int, share: float = 0.0) -> None:
         ("decode only (JSON -> Envelope)", total, decode_s),
         ("fold only (pre-decoded, with statistics)", total, fold_only_s),
         ("rebuild from zero (decode + fold)", total, zero_s),
-        ("a replay's batch read (1,024 deliveries a batch)", total, read_s),
+        (f"a replay's read ({READ_CHUNK} of a pull's 1,024 at a time)", total, read_s),
         ("  of which: the reply subjects alone", total, replies_s),
-        ("a replay's fold of each batch read", total, fold_read_s),
+        ("a replay's fold of each chunk read", total, fold_read_s),
         (f"resume from snapshot at {SNAPSHOT_AT:.0%} (load + rest)", total - cut, resume_s),
         ("  of which: load the snapshot", 0, restore_s),
         ("take the snapshot (encode)", 0, take_s),

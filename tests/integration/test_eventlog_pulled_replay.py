@@ -109,8 +109,42 @@ async def test_a_replay_of_several_pulls_hands_out_every_entry_once_and_leaves_n
     middle = seqs[len(seqs) // 2]
     assert [e.seq for e in await replayed(jetstream_log, from_seq=middle)] == seqs[len(seqs) // 2 :]
     batches = [batch async for batch in jetstream_log.replay_batches()]
-    assert all(batches) and len(batches) >= 2  # what has arrived, a pull's worth or more
+    # what has arrived, read (decoded) READ_CHUNK entries at a time: each batch is folded
+    # while what its read made is still in the core's cache
+    assert all(0 < len(batch) <= pulled_replay.READ_CHUNK for batch in batches)
+    assert len(batches) >= ENTRIES // pulled_replay.READ_CHUNK
     assert [entry.seq for batch in batches for entry in batch] == seqs
+
+
+async def test_a_decision_entry_is_never_split_between_batches(
+    jetstream_log: JetStreamEventLog,
+) -> None:
+    """A replay's batch holds whole log entries: a decision entry's envelopes (one stream
+    message) are handed out together, whatever the READ_CHUNK boundaries."""
+    singles = await jetstream_log.append_many(
+        [rejected(i) for i in range(pulled_replay.READ_CHUNK - 1)]
+    )
+    decision = [
+        Envelope(
+            id=f"decision-{k}",
+            time=datetime(2025, 1, 1, tzinfo=UTC),
+            event=MessageRejected(subject="test", reason=f"decision {k}", payload=""),
+        )
+        for k in range(3)
+    ]
+    seq = await jetstream_log.append_decision(decision)  # the chunk's last entry
+    after = await jetstream_log.append_many([rejected(i) for i in range(1000, 1005)])
+    batches = [batch async for batch in jetstream_log.replay_batches()]
+    # its three envelopes go past READ_CHUNK envelopes, all in the first batch
+    assert [len(batch) for batch in batches] == [pulled_replay.READ_CHUNK + 2, 5]
+    assert [entry.seq for entry in batches[0][-3:]] == [seq] * 3
+    assert [(entry.index, entry.last) for entry in batches[0][-3:]] == [
+        (0, False),
+        (1, False),
+        (2, True),
+    ]
+    assert [entry.seq for entry in batches[0][:-3]] == singles
+    assert [entry.seq for entry in batches[1]] == after
 
 
 async def test_a_delivery_lost_on_the_way_is_read_again_from_a_new_consumer(

@@ -285,3 +285,100 @@ def test_a_malformed_frame_for_an_inbox_is_a_protocol_error() -> None:
     ):
         with pytest.raises(ProtocolError):
             into_inbox(line, [])
+
+
+def replay_wire(seed: int) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], list[Frame]]:
+    """A pull's deliveries as the server writes them (plain frames with a reply, one after
+    the other), now and then broken by another subscription's frame, an odd spelling, a
+    frame without a reply, one with stored headers, a status or another operation; what
+    the inbox and the other subscription must get."""
+    rng = random.Random(seed)
+    wire = bytearray()
+    deliveries: list[tuple[bytes, bytes, bytes]] = []
+    others: list[Frame] = []
+    for index in range(300):
+        subject = f"gpupool.log.n{rng.randrange(3)}.admission-queue".encode()
+        reply = f"$JS.ACK.S.replay.1.{index + 1}.{index + 1}.17647.{300 - index}".encode()
+        payload = b'{"id":"e-%d","pad":"%s"}' % (index, b"x" * rng.randrange(0, 200))
+        kind = rng.random()
+        if kind < 0.03:
+            other = (OTHER_SID, subject, reply, payload, None)
+            wire += b"MSG %s %d %s %d\r\n%s\r\n" % (
+                subject,
+                OTHER_SID,
+                reply,
+                len(payload),
+                payload,
+            )
+            others.append(other)
+            continue
+        if kind < 0.05:
+            wire += b"PING\r\n"
+            continue
+        if kind < 0.07:
+            headers = b"NATS/1.0 100 Idle Heartbeat\r\n\r\n"
+            wire += b"HMSG %s %d %d %d\r\n%s\r\n" % (
+                subject,
+                INBOX_SID,
+                len(headers),
+                len(headers),
+                headers,
+            )
+            continue
+        if kind < 0.09:
+            headers = b"NATS/1.0\r\nNats-Msg-Id: m-%d\r\n\r\n" % index
+            wire += b"HMSG %s %d %s %d %d\r\n%s%s\r\n" % (
+                subject,
+                INBOX_SID,
+                reply,
+                len(headers),
+                len(headers) + len(payload),
+                headers,
+                payload,
+            )
+        elif kind < 0.11:
+            reply = b""
+            wire += b"MSG %s %d %d\r\n%s\r\n" % (subject, INBOX_SID, len(payload), payload)
+        elif kind < 0.13:  # spelt otherwise than the server does: read field by field
+            wire += b"MSG %s  %d %s %d\r\n%s\r\n" % (
+                subject,
+                INBOX_SID,
+                reply,
+                len(payload),
+                payload,
+            )
+        elif kind < 0.15:  # the same subscription spelt with a leading zero
+            wire += b"MSG %s 0%d %s %d\r\n%s\r\n" % (
+                subject,
+                INBOX_SID,
+                reply,
+                len(payload),
+                payload,
+            )
+        else:
+            wire += b"MSG %s %d %s %d\r\n%s\r\n" % (
+                subject,
+                INBOX_SID,
+                reply,
+                len(payload),
+                payload,
+            )
+        deliveries.append((subject, reply, payload))
+    return bytes(wire), deliveries, others
+
+
+def test_a_pulls_run_of_deliveries_reads_as_frame_by_frame_however_the_reads_cut_it() -> None:
+    """The parser cuts a run of plain frames for one inbox in one loop (``_inbox_run``);
+    whatever breaks the run, and wherever a read ends inside it, the inbox and the other
+    subscription get what a frame-by-frame read gives, in order."""
+    for seed in range(8):
+        wire, deliveries, others = replay_wire(seed)
+        rng = random.Random(3000 + seed)
+        cuts = sorted(rng.sample(range(1, len(wire)), rng.randrange(1, 200)))
+        for every in (cuts, list(range(1, len(wire), 7)), list(range(1, len(wire))), []):
+            client, inbox = into_inbox(wire, every)
+            assert inbox.messages == deliveries, seed
+            assert client.got == others, seed
+            # the inbox's frames counted (the other subscription's are nats-py's to count)
+            assert client.stats["in_msgs"] == len(deliveries) + wire.count(b"Heartbeat")
+            assert client.stats["in_bytes"] == sum(len(d[2]) for d in deliveries)

@@ -14,6 +14,7 @@ string next to one that starts in it).
 
 from __future__ import annotations
 
+import json
 import random
 from itertools import chain
 from pathlib import Path
@@ -86,8 +87,29 @@ def odd_entries(rng: random.Random, index: int) -> list[bytes]:
             [one.replace(b'"schema":2', b'"schema":1')],
             [one.replace(b'"schema":2', b'"schema":9')],
             [plain(index, node="n2")],  # on n1's subject below: another node's event
+            [b"{}", b"{", b"}"],  # too short for the shape's first, third and last bytes
+            [event_first(one)],  # an envelope whose third byte is a decision entry's
+            [b'{"envelopes_not":1}'],  # the same third byte, garbage
+            # an envelope cut after a brace, finished by an entry not starting with one,
+            # and two values on one line after: as many values as entries, misaligned
+            [one[:-1] + b',"pad":{}', b',"x":1}', one + b" " + two],
+            [line_broken_deep(one)],  # over the bracket bound only taken whole
         ]
     )
+
+
+def line_broken_deep(entry: bytes) -> bytes:
+    """An envelope with more brackets than the bound, no line of it over the bound: a line
+    break between two nested unknown fields (refused as one entry, so in a batch too)."""
+    nested = b"[" * (MAX_JSON_DEPTH - 4) + b"]" * (MAX_JSON_DEPTH - 4)
+    return b'{"pad":' + nested + b',\n"pad2":' + nested + b"," + entry[1:]
+
+
+def event_first(entry: bytes) -> bytes:
+    """The same envelope with its ``event`` written first (plain all the same)."""
+    fields = json.loads(entry)
+    reordered = {"event": fields.pop("event"), **fields}
+    return json.dumps(reordered, separators=(",", ":")).encode()
 
 
 def batch(rng: random.Random, size: int, odd: float) -> list[bytes]:

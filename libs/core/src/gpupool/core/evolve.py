@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from datetime import datetime
 
 from gpupool.core.state import GPU_PERCENT, NodeState, PodState, QueueKey, State
 from gpupool.events import (
@@ -61,30 +62,14 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
     if type(event) is PodReady:
         pod = state.pods.get(event.pod)
         if pod is not None:
-            node = state.nodes.get(pod.node) or state.node(pod.node)
-            if pod.phase != "dormant":
-                _unindex(node, pod)
-            node.ready_counter += 1
-            pod.phase = "ready"
-            pod.ready_since = envelope.time
-            pod.ready_order = node.ready_counter
-            ref = pod.ref  # _index of a ready pod: its _queue_key into the queue
-            insort(node.queue, (-pod.priority, pod.ready_order, ref.namespace, ref.name, ref))
+            pod_ready(state.nodes.get(pod.node) or state.node(pod.node), pod, envelope.time)
         return state
     if type(event) is Assigned:
         pod = state.pods.get(event.pod)
         if pod is not None and (_holds(state, pod, event) if holds is None else holds):
             node = state.nodes.get(pod.node) or state.node(pod.node)
             if pod.phase == "ready" and pod.policy == "share-pool":
-                # the decided case (a share-pool Assigned holds only for a waiting pod):
-                # _unindex and _index spelt out, its queue key out and its limits in
-                _unqueue(node, pod)
-                pod.phase = "running"
-                pod.gpu_index = event.gpu_index
-                pod.gpu_uuid = event.gpu_uuid
-                pod.running_since = envelope.time
-                pod.ready_since = None
-                _add_usage(node, event.gpu_index, pod.limits, 1)
+                share_pool_assigned(node, pod, event, envelope.time)
                 return state
             _unindex(node, pod)
             pod.phase = "running"
@@ -97,21 +82,7 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
     if type(event) is Released:
         pod = state.pods.get(event.pod)
         if pod is not None:
-            node = state.nodes.get(pod.node) or state.node(pod.node)
-            _unindex(node, pod)
-            if pod.removed:  # deleted while releasing: now its processes are gone
-                _forget(state, pod)
-            elif pod.policy == "static" and event.reason != "gpu-vanished":
-                _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
-            else:  # _to_dormant, spelt out
-                pod.phase = "dormant"
-                pod.gpu_index = None
-                pod.gpu_uuid = ""
-                pod.running_since = None
-                pod.ready_since = None
-                pod.evicted_by = None
-                pod.evict_reason = None
-            # dormant now (or gone): nothing of it in the node's queue or usage
+            released(state, state.nodes.get(pod.node) or state.node(pod.node), pod, event)
         return state
     if type(event) is PodRejected:
         return state
@@ -160,6 +131,53 @@ def evolve(state: State, envelope: Envelope, holds: bool | None = None) -> State
             if seq:
                 state.rejected_sequences.add(seq)
     return state
+
+
+# The most frequent events' folds, each given the pod the event names and the pod's node,
+# for a caller that has looked them up already and checked what evolve checks first (the
+# projection's one-entry fold); evolve itself folds through them.
+
+
+def pod_ready(node: NodeState, pod: PodState, time: datetime) -> None:
+    """Fold a PodReady of ``pod`` (registered on ``node``): it joins the node's queue."""
+    if pod.phase != "dormant":
+        _unindex(node, pod)
+    node.ready_counter += 1
+    pod.phase = "ready"
+    pod.ready_since = time
+    pod.ready_order = node.ready_counter
+    ref = pod.ref  # _index of a ready pod: its _queue_key into the queue
+    insort(node.queue, (-pod.priority, pod.ready_order, ref.namespace, ref.name, ref))
+
+
+def share_pool_assigned(node: NodeState, pod: PodState, event: Assigned, time: datetime) -> None:
+    """Fold an Assigned that holds of a ready share-pool ``pod`` on ``node`` (the decided
+    case): ``_unindex`` and ``_index`` spelt out, its queue key out and its limits in."""
+    _unqueue(node, pod)
+    pod.phase = "running"
+    pod.gpu_index = event.gpu_index
+    pod.gpu_uuid = event.gpu_uuid
+    pod.running_since = time
+    pod.ready_since = None
+    _add_usage(node, event.gpu_index, pod.limits, 1)
+
+
+def released(state: State, node: NodeState, pod: PodState, event: Released) -> None:
+    """Fold a Released of ``pod`` (registered on ``node``): dormant, or gone if it was
+    deleted while releasing; nothing of it left in the node's queue or usage."""
+    _unindex(node, pod)
+    if pod.removed:  # deleted while releasing: now its processes are gone
+        _forget(state, pod)
+    elif pod.policy == "static" and event.reason != "gpu-vanished":
+        _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
+    else:  # _to_dormant, spelt out
+        pod.phase = "dormant"
+        pod.gpu_index = None
+        pod.gpu_uuid = ""
+        pod.running_since = None
+        pod.ready_since = None
+        pod.evicted_by = None
+        pod.evict_reason = None
 
 
 def _register(state: State, event: PodRegistered, envelope: Envelope) -> None:

@@ -206,9 +206,11 @@ class _FrameParser(Parser):
                     if first == _M:
                         subject, sid_text, reply, size_text = match.groups()
                         header_size = 0
+                        run_sid = sid_text
                     else:
                         subject, sid_text, reply, header_text, size_text = match.groups()
                         header_size = int(header_text)
+                        run_sid = b""  # (no run of plain frames follows a headered one)
                     total = int(size_text)
                     sid = int(sid_text)
                     start = match.end()
@@ -243,6 +245,7 @@ class _FrameParser(Parser):
                         continue
                     assert not isinstance(line, int)
                     subject, sid, reply, header_size, total, start = line
+                    run_sid = b""  # (an odd spelling: no run of plain frames follows it)
                 if header_size > total:
                     raise ProtocolError("nats: malformed MSG")
                 if start + total + 2 > size:
@@ -259,6 +262,11 @@ class _FrameParser(Parser):
                         if inbox is not counted.last:
                             counted.touch(inbox)
                     pos = start + total + 2
+                    if run_sid:  # a plain frame as the server spells it: the frames after
+                        # it for the same inbox, cut in one loop (a replay's pull)
+                        pos, run, run_bytes = _inbox_run(buf, pos, size, run_sid, inbox)
+                        counted.messages += run
+                        counted.bytes += run_bytes
                     continue
                 headers = bytes(buf[start : start + header_size]) if header_size else None
                 payload = bytes(buf[start + header_size : start + total])
@@ -281,6 +289,37 @@ class _FrameParser(Parser):
             counted.settle()
         if pos:
             del buf[:pos]
+
+
+def _inbox_run(
+    buf: bytearray, pos: int, size: int, sid_text: bytes, inbox: RawInbox
+) -> tuple[int, int, int]:
+    """The plain frames from ``pos`` on for the subscription ``sid_text`` names, as the
+    server spells them, appended to ``inbox`` as the parser's loop appends each: as long as
+    each is whole and for the same subscription spelt the same, no header block, no status.
+    Returns where the run stopped (the next frame, for the parser's loop to read), how many
+    frames it appended and their payloads' bytes. Nothing is awaited (no subscription can
+    end meanwhile)."""
+    match_line = _MSG_LINE.match
+    append = inbox.messages.append
+    count = payload_bytes = 0
+    with memoryview(buf) as view:  # (released before the buffer is resized again)
+        while pos < size:
+            match = match_line(buf, pos)
+            if match is None:
+                break
+            subject, sid_text_here, reply, size_text = match.groups()
+            if sid_text_here != sid_text:
+                break
+            start = match.end()
+            end = start + int(size_text)
+            if end + 2 > size:
+                break  # still arriving
+            append((subject, b"" if reply is None else reply, view[start:end].tobytes()))
+            count += 1
+            payload_bytes += end - start
+            pos = end + 2
+    return pos, count, payload_bytes
 
 
 class _Counted:

@@ -6,12 +6,13 @@ per message, a header parse into a dict, a ``Msg``, a put into a queue and a tas
 to the callback task, and then a second queue between that callback and the reader.
 Here the log's :class:`~gpupool.eventlog.log_client.LogClient` appends each message to
 the inbox's list itself (:meth:`LogClient.raw_inbox`: no call per message; the inbox is
-told once per read of the socket); the reader takes the list as one batch once a pull's
-worth has arrived, reads its reply subjects' numbers in one split (:func:`_delivered`),
-decodes it in one go (:func:`~gpupool.eventlog.port.read_batch`: ``read_entries`` of each
-entry, the plain envelopes in one decode) and hands it on whole (:func:`pulled_batches`),
-while the server already sends the next: two pull requests of :data:`REPLAY_BATCH` are
-kept in flight.
+told once per read of the socket); the reader takes the list once a pull's worth has
+arrived, reads its reply subjects' numbers in one split (:func:`_delivered`), then decodes
+it :data:`READ_CHUNK` deliveries at a time (:func:`~gpupool.eventlog.port.read_batch`:
+``read_entries`` of each entry, the plain envelopes in one decode), handing each such
+batch on to be folded before it reads the next (:func:`pulled_batches`), while the server
+already sends the next pull's: two pull requests of :data:`REPLAY_BATCH` are kept in
+flight.
 
 **Which consumer.** :func:`pulled_batches` is given an *opener*: a coroutine that
 creates a pull consumer without acks on the replay's filter starting at a sequence, and
@@ -60,6 +61,11 @@ logger = logging.getLogger(__name__)
 
 REPLAY_BATCH = 1024
 """Entries per pull request; two are kept in flight."""
+READ_CHUNK = 128
+"""Deliveries read (decoded) at a time, each such batch handed out to be folded before the
+next is read: the objects a batch's read makes are still in the core's cache when its fold
+reads them (a pull's worth read at once, ~2.5 MB, is not; about a fifth of a rebuild's
+time, docs/benchmarks.md)."""
 PULLS_IN_FLIGHT = 2
 PULL_EXPIRES_S = 5.0
 REQUEST_TIMEOUT_S = 5.0
@@ -170,8 +176,9 @@ async def pulled_batches(
     stall_s: float = STALL_S,
 ) -> AsyncIterator[list[Entry]]:
     """The entries of the opener's filter from ``start`` to the end at the call, in batches
-    (what has arrived, at least a pull's worth but at the end or after a stall of
-    ``stall_s``, decoded; a decision entry's envelopes all in one batch)."""
+    of at most READ_CHUNK entries (log entries; a decision entry's envelopes all in one
+    batch), each decoded when the one before has been taken: what has arrived, at least a
+    pull's worth but at the end or after a stall of ``stall_s``, read a batch at a time."""
     replay = replay or PulledReplay()
     last = max(start, 1) - 1
     name, remaining = await open_consumer(last + 1)
@@ -184,11 +191,14 @@ async def pulled_batches(
             await consumer.start()
             try:
                 while remaining > 0:
-                    batch, handed = await consumer.next_batch()
-                    if batch:
-                        remaining -= handed
-                        last = batch[-1].seq
+                    seqs, texts, datas = await consumer.next_batch()
+                    if seqs:
+                        remaining -= len(seqs)
                         resets = 0
+                    for at in range(0, len(seqs), READ_CHUNK):  # read as folded (see READ_CHUNK)
+                        chunk = slice(at, at + READ_CHUNK)
+                        batch = read_batch(seqs[chunk], texts[chunk], datas[chunk])
+                        last = batch[-1].seq
                         yield batch
                     if replay.closed:
                         raise EventLogClosed(f"event log {stream} closed during a replay")
@@ -208,7 +218,7 @@ async def pulled_batches(
 
 
 class _Consumer:
-    """One consumer's deliveries, pulled and decoded in batches, until ``target`` messages
+    """One consumer's deliveries, pulled and handed out in order, until ``target`` messages
     were handed out; ``next_batch`` raises _Reset to give the consumer up."""
 
     def __init__(
@@ -265,9 +275,9 @@ class _Consumer:
             await self._nc.publish(self._next_subject, body, reply=self._inbox_subject)
             self._requested += count
 
-    async def next_batch(self) -> tuple[list[Entry], int]:
-        """The next deliveries, decoded (at least one unless the replay was closed), and how
-        many messages they were."""
+    async def next_batch(self) -> tuple[list[int], list[str], Sequence[bytes]]:
+        """The next deliveries in order, undecoded: their stream sequences, subjects and
+        data (at least one unless the replay was closed)."""
         if self._given_up is not None:
             raise _Reset(self._given_up)
         await self._pull()
@@ -294,8 +304,9 @@ class _Consumer:
         self._taken += len(messages)
         if len(messages) > left:
             del messages[left:]
-        batch: list[Entry] = []
-        handed = 0
+        seqs: list[int] = []
+        texts: list[str] = []
+        datas: Sequence[bytes] = ()
         gap: str | None = None
         if messages:
             subject_bytes, replies, datas = zip(*messages, strict=True)
@@ -307,7 +318,8 @@ class _Consumer:
             subjects = self._subjects
             for subject in set(subject_bytes).difference(subjects):
                 subjects[subject] = subject.decode()
-            batch = read_batch(seqs, list(map(subjects.__getitem__, subject_bytes)), datas)
+            texts = list(map(subjects.__getitem__, subject_bytes))
+        handed = len(seqs)
         self._handed += handed
         status = inbox.status
         if gap is None and status is not None and self._handed < self._target:
@@ -315,10 +327,10 @@ class _Consumer:
         if gap is None and stalled is not None and self._handed < self._target:
             gap = stalled
         if gap is not None:
-            if not batch:
+            if not seqs:
                 raise _Reset(gap)
             self._given_up = gap  # what came before it is handed out first
-        return batch, handed
+        return seqs, texts, datas
 
 
 _REPLY_TOKENS = 9

@@ -286,6 +286,11 @@ _PLAIN_RUN = 16
 """Fewer entries than this are decoded one by one (``decode_plain_many``)."""
 _NOT_OPENING = bytes(c for c in range(256) if c not in b"{[\n")
 _SCHEMA = operator.attrgetter("schema")
+_FIRST_BYTE = operator.itemgetter(0)
+_THIRD_BYTE = operator.itemgetter(2)
+_LAST_BYTE = operator.itemgetter(-1)
+_OPENING_BRACE, _CLOSING_BRACE = b"{}"
+_DECISION_THIRD_BYTE = _DECISION_ENTRY_START[2]
 
 
 def decode_plain_many(datas: Sequence[bytes]) -> list[Envelope | None]:
@@ -302,22 +307,34 @@ def decode_plain_many(datas: Sequence[bytes]) -> list[Envelope | None]:
     schema): decision entries are left out of the joined runs (None, as ``decode_plain``
     answers); a run that breaks another condition before decoding is halved until the
     entries that break it are decoded one by one; a run the decoder refuses (garbage) is
-    decoded one by one."""
+    decoded one by one.
+
+    The shape is checked with a few passes of C over the batch, none of them a search of
+    the joined buffer: the set of first, third and last bytes (an entry too short for them
+    breaks the shape), one search for a line break in the entries joined without one, the
+    brackets per line counted on the buffer stripped to ``{``, ``[`` and line breaks."""
     count = len(datas)
     if count < _PLAIN_RUN:
         return [decode_plain(data) for data in datas]
-    if any(map(_IS_DECISION_ENTRY, datas)):  # decode_entry's: the runs between them joined
-        return _around_decision_entries(datas)
-    if max(map(len, datas)) > MAX_ENTRY_BYTES:
+    try:
+        firsts = set(map(_FIRST_BYTE, datas))
+        thirds = set(map(_THIRD_BYTE, datas))
+        lasts = set(map(_LAST_BYTE, datas))
+    except IndexError:  # an entry of fewer than three bytes: not the shape
         return _halved(datas)
-    joined = b"\n".join(datas)
+    if _DECISION_THIRD_BYTE in thirds and any(map(_IS_DECISION_ENTRY, datas)):
+        return _around_decision_entries(datas)  # decode_entry's: the runs between joined
+    unjoined = b"".join(datas)
     if (
-        joined.count(b"}\n{") != count - 1  # an entry starts or ends otherwise, or holds a \n
-        or joined.count(b"\n") != count - 1
-        or not joined.startswith(b"{")
-        or not joined.endswith(b"}")
-        or max(map(len, joined.translate(None, _NOT_OPENING).split(b"\n"))) > MAX_JSON_DEPTH
+        (len(unjoined) > MAX_ENTRY_BYTES and max(map(len, datas)) > MAX_ENTRY_BYTES)
+        or firsts != {_OPENING_BRACE}
+        or lasts != {_CLOSING_BRACE}
+        or b"\n" in unjoined  # an entry holds a line break
     ):
+        return _halved(datas)
+    del unjoined
+    joined = b"\n".join(datas)
+    if max(map(len, joined.translate(None, _NOT_OPENING).split(b"\n"))) > MAX_JSON_DEPTH:
         del joined  # (not held while the halves are decoded)
         return _halved(datas)
     try:

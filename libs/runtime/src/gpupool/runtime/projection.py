@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from gpupool.core import State, assignment_holds, evolve
 from gpupool.core.admission_check import EnvelopeIds, admission_problem
+from gpupool.core.evolve import pod_ready, released, share_pool_assigned
 from gpupool.core.producers import believed_events, producer_problem
 from gpupool.core.state import GPU_PERCENT
 from gpupool.events import Assigned, Envelope, Event, PodReady, PodRejected, Released
@@ -167,7 +168,10 @@ class Projection:
         branches of ``producer_problem``, ``admission_problem`` and ``assignment_holds``, and
         the counts ``LogStatistics.observe`` makes for these types:
         ``tests/unit/test_runtime_projection_apply_one.py`` folds logs both ways and compares
-        everything."""
+        everything.
+
+        The state changes are evolve's own folds of these events (``pod_ready``,
+        ``share_pool_assigned``, ``released``), given the pod and node looked up here."""
         if seq != self.last_seq + 1 or self.ahead or self.open_entry is not None or self.observers:
             return self.apply(seq, envelope, writer=writer)
         event = envelope.event
@@ -181,12 +185,12 @@ class Projection:
             return self.apply(seq, envelope, writer=writer)
         state = self.state
         statistics = self.statistics
-        holds: bool | None = None
         if type(event) is PodReady:
             pod = state.pods.get(event.pod)
             if pod is None or pod.phase != "dormant" or pod.node != event.node:
                 return self.apply(seq, envelope, writer=writer)
             # PodReady: the statistics count nothing
+            pod_ready(state.nodes.get(pod.node) or state.node(pod.node), pod, envelope.time)
         elif type(event) is Assigned:
             pod = state.pods.get(event.pod)
             if (
@@ -218,11 +222,13 @@ class Projection:
                 holds = False  # admissible by the advertised count; no inventory to hold on
             else:
                 return self.apply(seq, envelope, writer=writer)
-            if holds and statistics is not None:
-                stats = statistics.nodes.get(event.node) or statistics.node(event.node)
-                stats.assignments += 1
-                if pod.ready_since is not None:  # a ready pod on this node: its wait ends
-                    stats.waits.observe(envelope.time - pod.ready_since)
+            if holds:
+                if statistics is not None:
+                    stats = statistics.nodes.get(event.node) or statistics.node(event.node)
+                    stats.assignments += 1
+                    if pod.ready_since is not None:  # a ready pod on this node: its wait ends
+                        stats.waits.observe(envelope.time - pod.ready_since)
+                share_pool_assigned(node, pod, event, envelope.time)
         elif type(event) is Released:
             pod = state.pods.get(event.pod)
             if pod is None or pod.node != event.node:
@@ -241,17 +247,26 @@ class Projection:
                 releases[reason] = releases.get(reason, 0) + 1
                 if phase == "ready" and pod.ready_since is not None:  # it gave up waiting
                     stats.waits.observe(envelope.time - pod.ready_since)
+            released(state, state.nodes.get(pod.node) or state.node(pod.node), pod, event)
         elif type(event) is PodRejected:
             if statistics is not None:
                 stats = statistics.nodes.get(event.node) or statistics.node(event.node)
                 rejections = stats.pod_rejections
                 rejected = event.reason
                 rejections[rejected] = rejections.get(rejected, 0) + 1
+            # PodRejected: evolve folds nothing
         else:
             return self.apply(seq, envelope, writer=writer)
-        evolve(state, envelope, holds)
         ids.add(envelope.id)
-        self._note_write(seq, event.node, writer)
+        node_name = event.node  # _note_write, spelt out
+        node_seq = self.node_seq
+        if seq > node_seq.get(node_name, 0):
+            node_seq[node_name] = seq
+        if writer is not None:
+            key = (node_name, writer)
+            writer_seq = self.writer_seq
+            if seq > writer_seq.get(key, 0):
+                writer_seq[key] = seq
         self.last_seq = seq
         return True
 
