@@ -67,17 +67,19 @@ class EnvelopeIds:
     which costs a set and a deque operation each, less than an ``OrderedDict``'s linked
     nodes (about a microsecond per entry of a rebuild)."""
 
-    __slots__ = ("_order", "_seen", "limit")
+    __slots__ = ("_order", "limit", "members")
 
     def __init__(self, ids: Iterable[str] = (), *, limit: int = MAX_REMEMBERED_IDS) -> None:
         self.limit = limit
-        self._seen: set[str] = set()
+        self.members: set[str] = set()
+        """The ids as a set, to look one up without a call (a rebuild asks once per entry);
+        only ``add`` changes it."""
         self._order: deque[str] = deque()
         for envelope_id in ids:
             self.add(envelope_id)
 
     def add(self, envelope_id: str) -> None:
-        seen = self._seen
+        seen = self.members
         if envelope_id in seen:
             return
         seen.add(envelope_id)
@@ -87,7 +89,7 @@ class EnvelopeIds:
             seen.discard(order.popleft())
 
     def __contains__(self, envelope_id: object) -> bool:
-        return envelope_id in self._seen
+        return envelope_id in self.members
 
     def __len__(self) -> int:
         return len(self._order)

@@ -61,11 +61,11 @@ logger = logging.getLogger(__name__)
 
 REPLAY_BATCH = 1024
 """Entries per pull request; two are kept in flight."""
-READ_CHUNK = 128
+READ_CHUNK = 64
 """Deliveries read (decoded) at a time, each such batch handed out to be folded before the
-next is read: the objects a batch's read makes are still in the core's cache when its fold
-reads them (a pull's worth read at once, ~2.5 MB, is not; about a fifth of a rebuild's
-time, docs/benchmarks.md)."""
+next is read: the objects a batch's read makes (~2.5 kB an entry) are still in the core's
+cache when its fold reads them (a pull's worth read at once, ~2.5 MB, is not: a quarter of
+a rebuild's time at 1,000,000 entries; docs/benchmarks.md)."""
 PULLS_IN_FLIGHT = 2
 PULL_EXPIRES_S = 5.0
 REQUEST_TIMEOUT_S = 5.0

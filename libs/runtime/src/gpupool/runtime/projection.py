@@ -181,7 +181,7 @@ class Projection:
                 _BELIEVED.clear()
             believed = _BELIEVED[writer] = believed_events(writer)
         ids = self.envelope_ids
-        if type(event) not in believed or envelope.id in ids:
+        if type(event) not in believed or envelope.id in ids.members:
             return self.apply(seq, envelope, writer=writer)
         state = self.state
         statistics = self.statistics
