@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
+from itertools import accumulate
 
 import pytest
 
 from gpupool.eventlog import JetStreamEventLog, jetstream, pulled_replay
 from gpupool.eventlog.log_client import LogClient, inline_status
-from gpupool.eventlog.port import Entry
+from gpupool.eventlog.port import Entry, EventLogClosed
 from gpupool.events import Envelope, MessageRejected
 
 pytestmark = pytest.mark.integration
@@ -228,7 +229,11 @@ async def test_a_replay_slower_than_a_pull_per_stall_hands_out_what_arrived_and_
     opened: list[str] = []
     batches = await stalling_replay(jetstream_log, opened)
     assert [entry.seq for batch in batches for entry in batch] == seqs  # once each, in order
-    assert all(0 < len(batch) <= TRICKLE for batch in batches)  # what arrived before a stall
+    sizes = [len(batch) for batch in batches]
+    assert all(0 < size <= pulled_replay.READ_CHUNK for size in sizes)
+    # what each consumer delivered before its stall is handed out whole before the next
+    # consumer's: the batches end at every multiple of TRICKLE (not one of READ_CHUNK)
+    assert set(range(TRICKLE, ENTRIES, TRICKLE)) <= set(accumulate(sizes))
     assert len(opened) >= -(-ENTRIES // TRICKLE)  # each stall read on from a new consumer
     assert await consumers_left(jetstream_log) == []
 
@@ -252,4 +257,31 @@ async def test_a_consumer_that_delivers_nothing_is_given_up_for_a_new_one(
     # the silent one given up for a new one (more if a busy machine made a later consumer
     # miss the short stall time too: that one hands out what it had, and reads on)
     assert len(opened) >= 2
+    assert await consumers_left(jetstream_log) == []
+
+
+async def test_a_replay_closed_between_the_batches_of_one_pull_hands_out_no_more(
+    jetstream_log: JetStreamEventLog,
+) -> None:
+    """A pull's deliveries are read READ_CHUNK at a time: the log closing after the first
+    ends the replay there, not after the rest of the pull is read and handed out."""
+    await filled(jetstream_log)
+    nc = jetstream_log._nc
+    assert isinstance(nc, LogClient)
+    replay = pulled_replay.PulledReplay()
+    batches: list[list[Entry]] = []
+    with pytest.raises(EventLogClosed):
+        async with asyncio.timeout(60):
+            async for batch in pulled_replay.pulled_batches(
+                nc,
+                stream=jetstream_log.stream,
+                open_consumer=pulled_replay.open_ephemeral(
+                    nc, jetstream_log.stream, f"{jetstream_log.subject_prefix}.>"
+                ),
+                start=1,
+                replay=replay,
+            ):
+                batches.append(batch)
+                replay.close()
+    assert [len(batch) for batch in batches] == [pulled_replay.READ_CHUNK]
     assert await consumers_left(jetstream_log) == []

@@ -257,7 +257,7 @@ class EventLog(Protocol):
     ) -> AsyncIterator[list[Entry]]:
         """``replay`` in batches (non-empty lists, in order; a decision entry's envelopes are
         never split between two): the same entries, without an await per entry (a rebuild
-        folds a batch while the next one is read)."""
+        folds each batch as it is handed out, while the next ones arrive)."""
         ...
 
     def subscribe(

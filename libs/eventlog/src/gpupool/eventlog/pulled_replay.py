@@ -196,6 +196,8 @@ async def pulled_batches(
                         remaining -= len(seqs)
                         resets = 0
                     for at in range(0, len(seqs), READ_CHUNK):  # read as folded (see READ_CHUNK)
+                        if at and replay.closed:
+                            raise EventLogClosed(f"event log {stream} closed during a replay")
                         chunk = slice(at, at + READ_CHUNK)
                         batch = read_batch(seqs[chunk], texts[chunk], datas[chunk])
                         last = batch[-1].seq
