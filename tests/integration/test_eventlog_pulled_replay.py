@@ -270,7 +270,8 @@ async def test_a_replay_closed_between_the_batches_of_one_pull_hands_out_no_more
     assert isinstance(nc, LogClient)
     replay = pulled_replay.PulledReplay()
     batches: list[list[Entry]] = []
-    with pytest.raises(EventLogClosed):
+
+    async def read_closing_after_the_first() -> None:
         async with asyncio.timeout(60):
             async for batch in pulled_replay.pulled_batches(
                 nc,
@@ -283,5 +284,8 @@ async def test_a_replay_closed_between_the_batches_of_one_pull_hands_out_no_more
             ):
                 batches.append(batch)
                 replay.close()
+
+    with pytest.raises(EventLogClosed):
+        await read_closing_after_the_first()
     assert [len(batch) for batch in batches] == [pulled_replay.READ_CHUNK]
     assert await consumers_left(jetstream_log) == []
