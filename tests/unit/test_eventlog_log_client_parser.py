@@ -171,6 +171,11 @@ class RecordingInbox:
         self.wakes += 1
 
 
+def status_frame(subject: bytes, headers: bytes) -> bytes:
+    """A status message for the inbox: a header block whose first line has a code, no payload."""
+    return b"HMSG %s %d %d %d\r\n%s\r\n" % (subject, INBOX_SID, len(headers), len(headers), headers)
+
+
 def inbox_wire(
     seed: int, *, others: bool = True
 ) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes], int]:
@@ -191,13 +196,7 @@ def inbox_wire(
             continue
         if kind < 0.2:  # a status: a header block whose first line has a code, no payload
             headers = b"NATS/1.0 %s Status\r\n\r\n" % rng.choice([b"100", b"408", b"409"])
-            wire += b"HMSG %s %d %d %d\r\n%s\r\n" % (
-                subject,
-                INBOX_SID,
-                len(headers),
-                len(headers),
-                headers,
-            )
+            wire += status_frame(subject, headers)
             statuses.append(headers)
             continue
         space = b" " if rng.random() < 0.9 else b"  "  # spelt as the server does, or not
@@ -316,14 +315,7 @@ def replay_wire(seed: int) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], lis
             wire += b"PING\r\n"
             continue
         if kind < 0.07:
-            headers = b"NATS/1.0 100 Idle Heartbeat\r\n\r\n"
-            wire += b"HMSG %s %d %d %d\r\n%s\r\n" % (
-                subject,
-                INBOX_SID,
-                len(headers),
-                len(headers),
-                headers,
-            )
+            wire += status_frame(subject, b"NATS/1.0 100 Idle Heartbeat\r\n\r\n")
             continue
         if kind < 0.09:
             headers = b"NATS/1.0\r\nNats-Msg-Id: m-%d\r\n\r\n" % index
