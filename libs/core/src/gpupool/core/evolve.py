@@ -170,7 +170,7 @@ def released(state: State, node: NodeState, pod: PodState, event: Released) -> N
         _forget(state, pod)
     elif pod.policy == "static" and event.reason != "gpu-vanished":
         _static_ended(pod)  # a static pod keeps its GPU binding for its lifetime
-    else:  # _to_dormant, spelt out
+    else:  # dormant: no GPU, no wait, no eviction pending
         pod.phase = "dormant"
         pod.gpu_index = None
         pod.gpu_uuid = ""
@@ -363,16 +363,6 @@ def _static_ended(pod: PodState) -> None:
     pod.phase = "dormant"
     pod.running_since = None
     pod.ready_since = None
-
-
-def _to_dormant(pod: PodState) -> None:
-    pod.phase = "dormant"
-    pod.gpu_index = None
-    pod.gpu_uuid = ""
-    pod.running_since = None
-    pod.ready_since = None
-    pod.evicted_by = None
-    pod.evict_reason = None
 
 
 def fold(envelopes: list[Envelope], state: State | None = None) -> State:
