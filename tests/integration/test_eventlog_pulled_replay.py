@@ -70,19 +70,21 @@ def delivering_only(
     only what ``passes`` lets through reaches it; the rest is gone, or still on its way."""
     on_status = pulled_replay._Inbox.on_status
     on_delivered = pulled_replay._Inbox.on_delivered
-    seen: dict[pulled_replay._Inbox, tuple[list[tuple[bytes, bytes, bytes]], int]] = {}
+    seen: dict[pulled_replay._Inbox, tuple[list[bytes], int]] = {}
 
     def passing_status(inbox: pulled_replay._Inbox, headers: bytes) -> None:
         if passes(inbox, headers):
             on_status(inbox, headers)
 
     def passing_deliveries(inbox: pulled_replay._Inbox) -> None:
-        # the deliveries appended since the last call (the replay takes the list, whole)
-        messages = inbox.messages
+        # the deliveries appended since the last call (the replay takes the lists, whole)
+        datas = inbox.datas
         before, count = seen.get(inbox, (None, 0))
-        first = count if before is messages else 0
-        messages[first:] = [message for message in messages[first:] if passes(inbox, None)]
-        seen[inbox] = (messages, len(messages))
+        first = count if before is datas else 0
+        kept = [passes(inbox, None) for _ in datas[first:]]
+        for column in (inbox.subjects, inbox.replies, datas):
+            column[first:] = [item for item, keep in zip(column[first:], kept, strict=True) if keep]
+        seen[inbox] = (datas, len(datas))
         on_delivered(inbox)
 
     monkeypatch.setattr(pulled_replay._Inbox, "on_status", passing_status)

@@ -160,9 +160,16 @@ class RecordingInbox:
     """A raw inbox (``LogClient.raw_inbox``): its deliveries, statuses and wake-ups."""
 
     def __init__(self) -> None:
-        self.messages: list[tuple[bytes, bytes, bytes]] = []
+        self.subjects: list[bytes] = []
+        self.replies: list[bytes] = []
+        self.datas: list[bytes] = []
         self.statuses: list[bytes] = []
         self.wakes = 0
+
+    @property
+    def messages(self) -> list[tuple[bytes, bytes, bytes]]:
+        """The deliveries as (subject, reply, data), the columns checked to be of one length."""
+        return list(zip(self.subjects, self.replies, self.datas, strict=True))
 
     def on_status(self, headers: bytes) -> None:
         self.statuses.append(headers)

@@ -4,15 +4,20 @@ A replay (a rebuild, a catch-up) reads every entry of its subjects from a sequen
 the log's end at its start, once each and in order. nats-py's ordered consumer costs,
 per message, a header parse into a dict, a ``Msg``, a put into a queue and a task switch
 to the callback task, and then a second queue between that callback and the reader.
-Here the log's :class:`~gpupool.eventlog.log_client.LogClient` appends each message to
-the inbox's list itself (:meth:`LogClient.raw_inbox`: no call per message; the inbox is
-told once per read of the socket); the reader takes the list once a pull's worth has
-arrived, reads its reply subjects' numbers in one split (:func:`_delivered`), then decodes
-it :data:`READ_CHUNK` deliveries at a time (:func:`~gpupool.eventlog.port.read_batch`:
+Here the log's :class:`~gpupool.eventlog.log_client.LogClient` appends each message's
+subject, reply subject and data to the inbox's three lists itself
+(:meth:`LogClient.raw_inbox`: no call per message; the inbox is told once per read of the
+socket); the reader takes the lists once a pull's worth has arrived, reads the reply
+subjects' numbers in one split (:func:`_delivered`), then decodes the data
+:data:`READ_CHUNK` deliveries at a time (:func:`~gpupool.eventlog.port.read_batch`:
 ``read_entries`` of each entry, the plain envelopes in one decode), handing each such
 batch on to be folded before it reads the next (:func:`pulled_batches`), while the server
 already sends the next pull's: two pull requests of :data:`REPLAY_BATCH` are kept in
-flight.
+flight. Each part of a delivery is let go as soon as it has been read (the reply subjects
+after their split, the subjects once named, each chunk's data once decoded): freed while
+still in the core's cache, its memory is what the next objects are made in, instead of a
+pull's worth of it going cold and then being touched again to be freed
+(docs/benchmarks.md, session #17).
 
 **Which consumer.** :func:`pulled_batches` is given an *opener*: a coroutine that
 creates a pull consumer without acks on the replay's filter starting at a sequence, and
@@ -131,10 +136,12 @@ class _Inbox:
     """What one consumer's pulls delivered, filled by the client's reader loop
     (a :class:`~gpupool.eventlog.log_client.RawInbox`)."""
 
-    __slots__ = ("messages", "status", "wake", "want")
+    __slots__ = ("datas", "replies", "status", "subjects", "wake", "want")
 
     def __init__(self) -> None:
-        self.messages: list[tuple[bytes, bytes, bytes]] = []
+        self.subjects: list[bytes] = []
+        self.replies: list[bytes] = []
+        self.datas: list[bytes] = []
         self.status: bytes | None = None
         self.want = 1
         self.wake = asyncio.Event()
@@ -144,8 +151,17 @@ class _Inbox:
             self.status = headers
             self.wake.set()
 
+    def arrived(self) -> int:
+        return len(self.datas)
+
+    def take(self) -> tuple[list[bytes], list[bytes], list[bytes]]:
+        """What arrived (subjects, reply subjects, data), the inbox emptied."""
+        taken = self.subjects, self.replies, self.datas
+        self.subjects, self.replies, self.datas = [], [], []
+        return taken
+
     def on_delivered(self) -> None:
-        if len(self.messages) >= self.want:
+        if len(self.datas) >= self.want:
             self.wake.set()
 
 
@@ -199,7 +215,10 @@ async def pulled_batches(
                         if at and replay.closed:
                             raise EventLogClosed(f"event log {stream} closed during a replay")
                         chunk = slice(at, at + READ_CHUNK)
-                        batch = read_batch(seqs[chunk], texts[chunk], datas[chunk])
+                        chunk_datas = datas[:READ_CHUNK]
+                        del datas[:READ_CHUNK]  # each entry's data freed once read, still cached
+                        batch = read_batch(seqs[chunk], texts[chunk], chunk_datas)
+                        del chunk_datas
                         last = batch[-1].seq
                         yield batch
                     if replay.closed:
@@ -269,7 +288,7 @@ class _Consumer:
         """Keep up to PULLS_IN_FLIGHT requests' worth outstanding, never past the target."""
         inbox = self._inbox
         while (
-            self._requested - (self._taken + len(inbox.messages)) < PULLS_IN_FLIGHT * REPLAY_BATCH
+            self._requested - (self._taken + inbox.arrived()) < PULLS_IN_FLIGHT * REPLAY_BATCH
             and self._requested < self._target
         ):
             count = min(REPLAY_BATCH, self._target - self._requested)
@@ -277,7 +296,7 @@ class _Consumer:
             await self._nc.publish(self._next_subject, body, reply=self._inbox_subject)
             self._requested += count
 
-    async def next_batch(self) -> tuple[list[int], list[str], Sequence[bytes]]:
+    async def next_batch(self) -> tuple[list[int], list[str], list[bytes]]:
         """The next deliveries in order, undecoded: their stream sequences, subjects and
         data (at least one unless the replay was closed)."""
         if self._given_up is not None:
@@ -287,40 +306,38 @@ class _Consumer:
         left = self._target - self._handed
         inbox.want = min(REPLAY_BATCH, left)
         stalled: str | None = None
-        if len(inbox.messages) < inbox.want and inbox.status is None:
+        if inbox.arrived() < inbox.want and inbox.status is None:
             inbox.wake.clear()
             try:
                 async with asyncio.timeout(self._stall_s):
                     await inbox.wake.wait()
             except TimeoutError:
                 # (the wait may time out in the very turn the pull's last message came)
-                full = len(inbox.messages) >= inbox.want or inbox.status is not None
+                full = inbox.arrived() >= inbox.want or inbox.status is not None
                 if not self._replay.closed and not full:
                     # what did arrive is handed out below, then the consumer is given up
-                    stalled = (
-                        f"{len(inbox.messages)} of {inbox.want} delivered in {self._stall_s:g} s"
-                    )
+                    stalled = f"{inbox.arrived()} of {inbox.want} delivered in {self._stall_s:g} s"
         if self._replay.closed:
             raise EventLogClosed(f"event log {self._stream} closed during a replay")
-        messages, inbox.messages = inbox.messages, []
-        self._taken += len(messages)
-        if len(messages) > left:
-            del messages[left:]
+        subject_bytes, replies, datas = inbox.take()
+        self._taken += len(datas)
+        if len(datas) > left:
+            del subject_bytes[left:], replies[left:], datas[left:]
         seqs: list[int] = []
         texts: list[str] = []
-        datas: Sequence[bytes] = ()
         gap: str | None = None
-        if messages:
-            subject_bytes, replies, datas = zip(*messages, strict=True)
+        if datas:
             seqs, gap = _delivered(replies, self._expected)
+            replies.clear()  # (freed while the split has them in the cache, not a pull later)
             handed = len(seqs)
             self._expected += handed
             if handed < len(datas):
-                subject_bytes, datas = subject_bytes[:handed], datas[:handed]
+                del subject_bytes[handed:], datas[handed:]
             subjects = self._subjects
             for subject in set(subject_bytes).difference(subjects):
                 subjects[subject] = subject.decode()
             texts = list(map(subjects.__getitem__, subject_bytes))
+            subject_bytes.clear()
         handed = len(seqs)
         self._handed += handed
         status = inbox.status
