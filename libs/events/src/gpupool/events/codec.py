@@ -309,10 +309,10 @@ def decode_plain_many(datas: Sequence[bytes]) -> list[Envelope | None]:
     entries that break it are decoded one by one; a run the decoder refuses (garbage) is
     decoded one by one.
 
-    The shape is checked with a few passes of C over the batch, none of them a search of
-    the joined buffer: the set of first, third and last bytes (an entry too short for them
-    breaks the shape), one search for a line break in the entries joined without one, the
-    brackets per line counted on the buffer stripped to ``{``, ``[`` and line breaks."""
+    The shape is checked with a few passes of C over the batch: the set of first, third and
+    last bytes (an entry too short for them breaks the shape), then the entries joined with a
+    line break between each two, stripped to ``{``, ``[`` and line breaks and split into
+    lines: one per entry (more: an entry holds a line break), each with its brackets."""
     count = len(datas)
     if count < _PLAIN_RUN:
         return [decode_plain(data) for data in datas]
@@ -324,18 +324,15 @@ def decode_plain_many(datas: Sequence[bytes]) -> list[Envelope | None]:
         return _halved(datas)
     if _DECISION_THIRD_BYTE in thirds and any(map(_IS_DECISION_ENTRY, datas)):
         return _around_decision_entries(datas)  # decode_entry's: the runs between joined
-    unjoined = b"".join(datas)
-    if (
-        (len(unjoined) > MAX_ENTRY_BYTES and max(map(len, datas)) > MAX_ENTRY_BYTES)
-        or firsts != {_OPENING_BRACE}
-        or lasts != {_CLOSING_BRACE}
-        or b"\n" in unjoined  # an entry holds a line break
-    ):
+    if firsts != {_OPENING_BRACE} or lasts != {_CLOSING_BRACE}:
         return _halved(datas)
-    del unjoined
     joined = b"\n".join(datas)
-    if max(map(len, joined.translate(None, _NOT_OPENING).split(b"\n"))) > MAX_JSON_DEPTH:
+    if len(joined) - count + 1 > MAX_ENTRY_BYTES and max(map(len, datas)) > MAX_ENTRY_BYTES:
         del joined  # (not held while the halves are decoded)
+        return _halved(datas)
+    lines = joined.translate(None, _NOT_OPENING).split(b"\n")  # each line's { and [
+    if len(lines) != count or max(map(len, lines)) > MAX_JSON_DEPTH:  # (more lines than
+        del joined, lines  # entries: an entry holds a line break)
         return _halved(datas)
     try:
         decoded = cast(list[Envelope | None], _decoder.decode_lines(joined))
