@@ -13,8 +13,9 @@ line.
 JetStream context, TLS, credentials) where :meth:`LogClient.raw_subscribe` registers a
 synchronous *sink* for a subscription: the reader loop calls it with the undecoded
 parts of every message of that subscription, and nothing else is done for it;
-:meth:`LogClient.raw_inbox` registers a list instead (a :class:`RawInbox`): the reader
-loop appends each delivery to it, and tells it once per read of the socket (and before
+:meth:`LogClient.raw_inbox` registers three lists instead (a :class:`RawInbox`): the
+reader loop appends each delivery's subject, reply subject and data to them, and tells it
+once per read of the socket (and before
 any other operation or a nats-py subscription's message in that read), not once per
 message (a replay's pulls). Every other subscription is nats-py's own.
 

@@ -331,8 +331,9 @@ def decode_plain_many(datas: Sequence[bytes]) -> list[Envelope | None]:
         del joined  # (not held while the halves are decoded)
         return _halved(datas)
     lines = joined.translate(None, _NOT_OPENING).split(b"\n")  # each line's { and [
-    if len(lines) != count or max(map(len, lines)) > MAX_JSON_DEPTH:  # (more lines than
-        del joined, lines  # entries: an entry holds a line break)
+    # more lines than entries: an entry holds a line break
+    if len(lines) != count or max(map(len, lines)) > MAX_JSON_DEPTH:
+        del joined, lines  # (not held while the halves are decoded)
         return _halved(datas)
     try:
         decoded = cast(list[Envelope | None], _decoder.decode_lines(joined))

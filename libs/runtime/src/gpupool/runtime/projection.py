@@ -258,26 +258,32 @@ class Projection:
         else:
             return self.apply(seq, envelope, writer=writer)
         ids.add(envelope.id)
-        node_name = event.node  # _note_write, spelt out (a call and a lookup less an entry:
-        self.node_seq[node_name] = seq  # about a tenth of this fold's instructions)
+        node_name = event.node  # _note_write, spelt out (a call less an entry)
+        node_seq = self.node_seq
+        if seq > node_seq.get(node_name, 0):
+            node_seq[node_name] = seq
         if writer is not None:
-            self.writer_seq[(node_name, writer)] = seq
+            key = (node_name, writer)
+            writer_seq = self.writer_seq
+            if seq > writer_seq.get(key, 0):
+                writer_seq[key] = seq
         self.last_seq = seq
         return True
 
     def _note_write(self, seq: int, node: str, writer: str | None) -> None:
-        """``seq`` is now the latest entry of ``node`` and of ``writer`` on it; only for an
-        entry folded in order (``seq`` the watermark's next, nothing folded ahead of it),
-        others go through ``_mark``.
-
-        Nothing is compared: with nothing folded ahead, every node's and writer's sequence
-        is at most the watermark (they move with it, ``_mark``; ``landed_node_wide`` and
-        ``learn_writer_seq`` move one only to a folded entry, ahead of the watermark only
-        while that entry is ``ahead``), so an entry at the watermark's next is the latest
-        of its node and writer."""
-        self.node_seq[node] = seq
+        """The latest entry of ``node`` and of ``writer`` on it, as ``seq`` may move them;
+        only for an entry folded in order (``seq`` the watermark's next: every one below it
+        is folded), others go through ``_mark``. (Compared, not set: a decision entry above
+        the watermark, folded in part, counts as applied for ``landed_node_wide`` and
+        ``learn_writer_seq``, which may have moved its node's or writer's sequence to it.)"""
+        node_seq = self.node_seq
+        if seq > node_seq.get(node, 0):
+            node_seq[node] = seq
         if writer is not None:
-            self.writer_seq[(node, writer)] = seq
+            key = (node, writer)
+            writer_seq = self.writer_seq
+            if seq > writer_seq.get(key, 0):
+                writer_seq[key] = seq
 
     def apply_entry(
         self,
