@@ -258,15 +258,7 @@ class Projection:
         else:
             return self.apply(seq, envelope, writer=writer)
         ids.add(envelope.id)
-        node_name = event.node  # _note_write, spelt out (a call less an entry)
-        node_seq = self.node_seq
-        if seq > node_seq.get(node_name, 0):
-            node_seq[node_name] = seq
-        if writer is not None:
-            key = (node_name, writer)
-            writer_seq = self.writer_seq
-            if seq > writer_seq.get(key, 0):
-                writer_seq[key] = seq
+        self._note_write(seq, event.node, writer)
         self.last_seq = seq
         return True
 
