@@ -300,28 +300,33 @@ def read_and_fold(
     subjects, their subjects decoded once each, in ``next_batch``; then ``chunk`` entries
     at a time read, ``read_batch``, in ``pulled_batches``), and the rebuild's fold of each
     chunk read (``DeciderLoop._fold_ordered``) before the next is read, as a rebuild goes
-    (each dropped once folded); the CPU of the two stages summed apart."""
+    (each part let go once read, as ``pulled_replay`` does); the CPU of the two stages
+    summed apart. Each pull's deliveries are put in the inbox's three lists untimed (the
+    reader loop appends them so)."""
     loop = DeciderLoop(InMemoryEventLog(), service="bench", projection=metrics_projection())
     unreadable: list[Undecodable] = []
     expected = 1
     subjects: dict[bytes, str] = {}
     read_wall = read_cpu = fold_wall = fold_cpu = 0.0
     for batch in batches:
+        subject_bytes, replies, datas = (list(column) for column in zip(*batch, strict=True))
         start, start_cpu = time.perf_counter(), time.process_time()
-        subject_bytes, replies, datas = zip(*batch, strict=True)
         seqs, gap = replay_sequences(replies, expected)
+        replies.clear()
         assert gap is None and len(seqs) == len(batch)
         expected += len(seqs)
         for subject in set(subject_bytes).difference(subjects):
             subjects[subject] = subject.decode()
         texts = list(map(subjects.__getitem__, subject_bytes))
+        subject_bytes.clear()
         read_wall += time.perf_counter() - start
         read_cpu += time.process_time() - start_cpu
         for at in range(0, len(seqs), chunk):
             start, start_cpu = time.perf_counter(), time.process_time()
-            entries = read_batch(
-                seqs[at : at + chunk], texts[at : at + chunk], datas[at : at + chunk]
-            )
+            chunk_datas = datas[:chunk]
+            del datas[:chunk]
+            entries = read_batch(seqs[at : at + chunk], texts[at : at + chunk], chunk_datas)
+            del chunk_datas
             read, read_at = time.perf_counter(), time.process_time()
             loop._fold_ordered(entries, unreadable)
             read_wall += read - start
